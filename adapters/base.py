@@ -1,0 +1,69 @@
+"""The adapter interface and the errors adapters raise.
+
+An adapter owns one upstream (our own worker, an OpenAI-compatible server, a script) and turns its
+stream into batches of internal events. A batch is whatever one network read produced, so the
+gateway can frame and write it in one go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from adapters.events import Event
+from adapters.requests import ChatRequest
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    id: str
+    owned_by: str = "sluicegate"
+    max_model_len: int | None = None
+
+
+class BackendRejected(Exception):
+    """The upstream refused the request as invalid; `param` names the field when known."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+class BackendUnavailable(Exception):
+    """No capacity or no connection: the client may retry later."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BackendFailed(Exception):
+    """The upstream failed in a way the client cannot fix; the message is ours, not theirs."""
+
+
+class Adapter(Protocol):
+    """What the gateway needs from an upstream."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Open connections; called once before serving."""
+
+    async def close(self) -> None:
+        """Release connections; called once at shutdown."""
+
+    async def models(self) -> list[ModelInfo]:
+        """The model ids this upstream serves."""
+
+    async def ready(self) -> bool:
+        """Whether the upstream can take work now."""
+
+    def unsupported_param(self, request: ChatRequest) -> str | None:
+        """The name of a requested parameter this upstream cannot honour, if any."""
+
+    def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        """Run the request; closing the iterator aborts it upstream."""

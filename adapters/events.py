@@ -1,0 +1,71 @@
+"""The internal event model every adapter produces.
+
+Upstreams differ (our own worker's NDJSON, an OpenAI-compatible server's SSE, a scripted test
+stream); past the adapter there is only this. Events are small slotted dataclasses because one is
+made per streamed token on the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """Text for one choice; `tokens` is how many generated tokens it carries."""
+
+    text: str
+    index: int = 0
+    tokens: int = 1
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A fragment of one tool call: id and name arrive first, arguments in pieces."""
+
+    call_index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+    index: int = 0
+
+
+@dataclass(slots=True)
+class Finish:
+    """One choice is done; `reason` is an OpenAI finish reason."""
+
+    reason: str
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if self.reason not in FINISH_REASONS:
+            raise ValueError(f"unknown finish reason {self.reason!r}")
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts for the whole request (all choices)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class ErrorEvent:
+    """The upstream failed after the stream began. `message` is ours, never the upstream's."""
+
+    code: str
+    message: str
+    type: str = "server_error"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Event = TextDelta | ToolCallDelta | Finish | Usage | ErrorEvent

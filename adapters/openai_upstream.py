@@ -1,0 +1,185 @@
+"""Adapter for any OpenAI-compatible server (vLLM, SGLang, TGI's OpenAI route, …).
+
+Every request goes upstream as a stream with usage included, whether or not the client asked to
+stream: the gateway assembles non-streaming answers itself, and closing the upstream connection is
+how a request is aborted. Upstream error text never passes this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.events import ErrorEvent, Event, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.framing import SSEDataSplitter
+from adapters.requests import ChatRequest
+
+_OPTIONAL = (
+    "max_tokens",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "user",
+    "metadata",
+)
+
+
+def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [m.to_dict() for m in request.messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "n": request.n,
+    }
+    if request.stop:
+        body["stop"] = request.stop
+    if request.presence_penalty:
+        body["presence_penalty"] = request.presence_penalty
+    if request.frequency_penalty:
+        body["frequency_penalty"] = request.frequency_penalty
+    for name in _OPTIONAL:
+        value = getattr(request, name)
+        if value not in (None, False, 0):
+            body[name] = value
+    return body
+
+
+def chunk_events(chunk: dict[str, Any]) -> list[Event]:
+    """The internal events in one upstream `chat.completion.chunk`."""
+    if "error" in chunk:
+        return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
+    events: list[Event] = []
+    for choice in chunk.get("choices") or ():
+        index = choice.get("index", 0)
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        if content:
+            logprobs = (choice.get("logprobs") or {}).get("content")
+            events.append(TextDelta(content, index, 1, logprobs))
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") or {}
+            events.append(
+                ToolCallDelta(
+                    call.get("index", 0),
+                    function.get("arguments") or "",
+                    call.get("id"),
+                    function.get("name"),
+                    index,
+                )
+            )
+        reason = choice.get("finish_reason")
+        if reason:
+            events.append(Finish(reason if reason in _KNOWN_REASONS else "stop", index))
+    usage = chunk.get("usage")
+    if usage:
+        events.append(Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
+    return events
+
+
+_KNOWN_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
+
+
+class OpenAIUpstreamAdapter:
+    """Serves model `name` from the OpenAI-compatible API at `base_url` (ending in `/v1`)."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None = None,
+        upstream_model: str | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.upstream_model = upstream_model or name
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def models(self) -> list[ModelInfo]:
+        return [ModelInfo(self.name, owned_by="upstream")]
+
+    async def ready(self) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                f"{self.base_url}/models",
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=2),
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+
+    def unsupported_param(self, request: ChatRequest) -> str | None:
+        return None  # the upstream is the judge; its 400s are relayed with the field named
+
+    async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        assert self._session is not None
+        body = orjson.dumps(upstream_body(request, self.upstream_model))
+        headers = {**self._headers, "X-Request-Id": request_id}
+        try:
+            resp = await self._session.post(
+                f"{self.base_url}/chat/completions", data=body, headers=headers
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable("The upstream model server is unreachable.") from exc
+        try:
+            if resp.status != 200:
+                await _raise_for_status(resp)
+            splitter = SSEDataSplitter()
+            async for data in resp.content.iter_any():
+                batch: list[Event] = []
+                for payload in splitter.feed(data):
+                    if payload == b"[DONE]":
+                        continue
+                    try:
+                        batch += chunk_events(orjson.loads(payload))
+                    except (orjson.JSONDecodeError, AttributeError, KeyError, ValueError):
+                        batch.append(ErrorEvent("upstream_error", "The upstream sent a bad chunk."))
+                if batch:
+                    yield batch
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendFailed("The connection to the upstream model server was lost.") from exc
+        finally:
+            resp.close()
+
+
+async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
+    try:
+        error = orjson.loads(await resp.read()).get("error") or {}
+        param = error.get("param") if isinstance(error.get("param"), str) else None
+    except (orjson.JSONDecodeError, AttributeError):
+        param = None
+    if resp.status in (400, 422):
+        what = f"parameter '{param}'" if param else "the request"
+        raise BackendRejected(f"The upstream model server rejected {what}.", param)
+    if resp.status == 404:
+        raise BackendRejected("The upstream model server does not serve this model.", "model", 404)
+    if resp.status in (429, 503):
+        raise BackendUnavailable(
+            "The upstream model server is overloaded.", float(resp.headers.get("retry-after", 1))
+        )
+    raise BackendFailed(f"upstream answered HTTP {resp.status}")

@@ -1,0 +1,51 @@
+"""The internal request model: what the gateway asks of an upstream, independent of wire format.
+
+`gateway.protocol` parses OpenAI's JSON into these; adapters read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Message:
+    role: str
+    content: str | None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A validated chat completion request; defaults are OpenAI's."""
+
+    model: str
+    messages: list[Message]
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None

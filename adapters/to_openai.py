@@ -1,0 +1,150 @@
+"""Internal events → OpenAI's `chat.completion.chunk` and `chat.completion` objects.
+
+The only code that knows the chunk shape. Each streamed event is serialised once: the part of the
+chunk that never changes (id, object, created, model) is encoded once per response as a prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from adapters.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _tool_call_dict(event: ToolCallDelta) -> dict[str, Any]:
+    call: dict[str, Any] = {"index": event.call_index}
+    function: dict[str, Any] = {"arguments": event.arguments}
+    if event.id is not None:
+        call["id"] = event.id
+        call["type"] = "function"
+    if event.name is not None:
+        function["name"] = event.name
+    call["function"] = function
+    return call
+
+
+class ChunkRenderer:
+    """Renders the events of one response as chunk JSON bytes."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, completion_id: str, model: str, created: int | None = None) -> None:
+        head = orjson.dumps(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()) if created is None else created,
+                "model": model,
+            }
+        )
+        self._prefix = head[:-1] + b',"choices":'
+
+    def _choices(self, choices: list[dict[str, Any]], tail: bytes = b"}") -> bytes:
+        return self._prefix + orjson.dumps(choices) + tail
+
+    def role(self, index: int = 0) -> bytes:
+        delta = {"role": "assistant", "content": ""}
+        return self._choices(
+            [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        )
+
+    def render(self, event: Event) -> bytes | None:
+        """The chunk for one event, or None for events that are not chunks (usage, errors)."""
+        if type(event) is TextDelta:
+            logprobs = None if event.logprobs is None else {"content": event.logprobs}
+            choice = {
+                "index": event.index,
+                "delta": {"content": event.text},
+                "logprobs": logprobs,
+                "finish_reason": None,
+            }
+        elif type(event) is ToolCallDelta:
+            choice = {
+                "index": event.index,
+                "delta": {"tool_calls": [_tool_call_dict(event)]},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        elif type(event) is Finish:
+            choice = {
+                "index": event.index,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": event.reason,
+            }
+        else:
+            return None
+        return self._choices([choice])
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._prefix + b'[],"usage":' + orjson.dumps(usage_dict(usage)) + b"}"
+
+
+class CompletionBuilder:
+    """Accumulates events into one non-streaming `chat.completion` object."""
+
+    def __init__(self, n: int) -> None:
+        self._text: list[list[str]] = [[] for _ in range(n)]
+        self._logprobs: list[list[dict[str, Any]] | None] = [None] * n
+        self._tool_calls: list[dict[int, dict[str, Any]]] = [{} for _ in range(n)]
+        self._finish: list[str | None] = [None] * n
+        self.usage: Usage | None = None
+
+    def add(self, event: Event) -> None:
+        if type(event) is TextDelta:
+            self._text[event.index].append(event.text)
+            if event.logprobs is not None:
+                self._logprobs[event.index] = (self._logprobs[event.index] or []) + event.logprobs
+        elif type(event) is ToolCallDelta:
+            calls = self._tool_calls[event.index]
+            call = calls.setdefault(
+                event.call_index,
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            if event.id is not None:
+                call["id"] = event.id
+            if event.name is not None:
+                call["function"]["name"] += event.name
+            call["function"]["arguments"] += event.arguments
+        elif type(event) is Finish:
+            self._finish[event.index] = event.reason
+        elif type(event) is Usage:
+            self.usage = event
+
+    def build(self, completion_id: str, model: str, created: int) -> dict[str, Any]:
+        choices = []
+        for i, parts in enumerate(self._text):
+            calls = [self._tool_calls[i][k] for k in sorted(self._tool_calls[i])]
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
+            if calls:
+                message["tool_calls"] = calls
+                message["content"] = message["content"] or None
+            logprobs = self._logprobs[i]
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": None if logprobs is None else {"content": logprobs},
+                    "finish_reason": self._finish[i] or "stop",
+                }
+            )
+        usage = self.usage or Usage(0, 0)
+        return {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage_dict(usage),
+        }

@@ -1,0 +1,151 @@
+"""Adapter for our own `sluice worker` (docs/worker-api.md): NDJSON token events over HTTP.
+
+Closing the response (the iterator being closed or cancelled) drops the connection, which the
+worker treats as an abort at its next step boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.events import ErrorEvent, Event, Finish, TextDelta, Usage
+from adapters.framing import LineSplitter
+from adapters.requests import ChatRequest
+
+API_VERSION = 1
+
+
+def generate_body(request: ChatRequest, request_id: str) -> dict[str, Any]:
+    """The worker's `/v1/generate` body for a chat request."""
+    return {
+        "request_id": request_id,
+        "messages": [{"role": m.role, "content": m.content or ""} for m in request.messages],
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop": request.stop,
+        "n": request.n,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "logprobs": request.logprobs,
+        "top_logprobs": request.top_logprobs,
+    }
+
+
+def _to_event(record: dict[str, Any]) -> Event | None:
+    kind = record.get("type")
+    if kind == "text":
+        return TextDelta(
+            record["text"], record.get("index", 0), record.get("tokens", 1), record.get("logprobs")
+        )
+    if kind == "finish":
+        reason = record["reason"]
+        if reason == "abort":
+            return ErrorEvent("cancelled", "The request was aborted by the worker.")
+        return Finish(reason, record.get("index", 0))
+    if kind == "usage":
+        return Usage(record["prompt_tokens"], record["completion_tokens"])
+    if kind == "error":
+        return ErrorEvent("worker_error", "The model worker failed while generating.")
+    return None  # "start" and future record types carry nothing the gateway relays
+
+
+class WorkerAdapter:
+    """One `sluice worker` reached at `base_url`."""
+
+    def __init__(self, base_url: str, name: str = "worker") -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self._model: ModelInfo | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+        )
+        await self._load_model()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _load_model(self) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self.base_url}/v1/model") as resp:
+                info = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable(f"worker {self.name} is unreachable") from exc
+        if info.get("api_version") != API_VERSION:
+            raise BackendFailed(f"worker {self.name} speaks API version {info.get('api_version')}")
+        self._model = ModelInfo(info["id"], max_model_len=info.get("max_model_len"))
+
+    async def models(self) -> list[ModelInfo]:
+        return [self._model] if self._model else []
+
+    async def ready(self) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                f"{self.base_url}/health", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+
+    def unsupported_param(self, request: ChatRequest) -> str | None:
+        if request.tools:
+            return "tools"
+        if request.tool_choice not in (None, "none"):
+            return "tool_choice"
+        if request.response_format and request.response_format.get("type") != "text":
+            return "response_format"
+        return None
+
+    async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        assert self._session is not None
+        body = orjson.dumps(generate_body(request, request_id))
+        try:
+            resp = await self._session.post(
+                f"{self.base_url}/v1/generate",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable("The model worker is unreachable.") from exc
+        try:
+            if resp.status != 200:
+                await _raise_for_status(resp)
+            lines = LineSplitter()
+            async for data in resp.content.iter_any():
+                batch = [e for line in lines.feed(data) if (e := _to_event(orjson.loads(line)))]
+                if batch:
+                    yield batch
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendFailed("The connection to the model worker was lost.") from exc
+        finally:
+            resp.close()
+
+
+async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
+    try:
+        error = orjson.loads(await resp.read()).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        error = {}
+    if resp.status == 400:
+        raise BackendRejected(str(error.get("message", "Invalid request.")), error.get("param"))
+    if resp.status == 503:
+        raise BackendUnavailable(
+            "The model worker is busy.", float(resp.headers.get("retry-after", 1))
+        )
+    raise BackendFailed(f"worker answered HTTP {resp.status}")

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: HTTP API, SSE, runs, CLI."""

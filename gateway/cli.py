@@ -1,0 +1,127 @@
+"""The `sluice` command line: `serve`, `worker` (DESIGN §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from gateway.logging import configure_logging
+from gateway.settings import Settings, load_settings
+from policies.auth import generate_key
+
+
+def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8000)")
+    p.add_argument("--model", help="local HF model folder, or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--workers", type=int, help="local worker processes to start (default 1)")
+    p.add_argument("--worker-url", action="append", default=[], help="a running sluice worker")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="NAME=BASE_URL",
+        help="an OpenAI-compatible server that serves model NAME",
+    )
+    p.add_argument("--api-key", action="append", default=[], help="accepted bearer key")
+    p.add_argument("--tenants", help="tenants TOML file")
+    p.add_argument("--redis-url", help="Redis for state shared by replicas")
+    p.add_argument("--disconnect-grace", type=float, help="seconds a run outlives its client")
+    p.add_argument("--config", help="TOML file with any of these settings")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+def _banner(settings: Settings, key: str) -> str:
+    base = f"http://{settings.host}:{settings.port}/v1"
+    return f"""
+sluicegate is serving on {base}
+No --api-key given, so one was generated for this run:
+
+    {key}
+
+Try it:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}", api_key="{key}")
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{{"role": "user", "content": "What is the capital of France?"}}],
+        stream=True,
+    )
+    for chunk in stream:
+        print(chunk.choices[0].delta.content or "", end="", flush=True)
+"""
+
+
+async def _serve(settings: Settings, banner: str | None) -> None:
+    from gateway.app import create_app
+
+    app = create_app(settings)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5)
+    await runner.setup()  # starts the workers and adapters
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    if banner:
+        print(banner, flush=True)
+    print(f"sluicegate ready on http://{settings.host}:{settings.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("cmd", "func")}
+    settings = load_settings(flags)
+    configure_logging(settings.log_level)
+    banner = None
+    if not settings.api_key and not settings.tenants:
+        key = generate_key()
+        settings.api_key = [key]
+        banner = _banner(settings, key)
+    try:
+        asyncio.run(_serve(settings, banner))
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.cli import run_worker
+
+    return run_worker(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="run the gateway (and, by default, one local worker)")
+    _add_serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    from workers.cli import add_worker_arguments
+
+    worker = sub.add_parser("worker", help="run one model worker")
+    add_worker_arguments(worker)
+    worker.set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Route handlers: parse, delegate, answer."""

@@ -1,0 +1,52 @@
+"""`POST /v1/chat/completions`: parse, route to the model's adapter, delegate."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+from aiohttp import web
+
+from gateway.completions import complete, stream_completion
+from gateway.errors import APIError, invalid_request, model_not_found
+from gateway.keys import CATALOG
+from gateway.protocol import parse_chat_request
+
+
+async def read_json(request: web.Request) -> object:
+    if request.content_type != "application/json":
+        raise APIError(
+            415,
+            f"Unsupported Content-Type {request.content_type or 'none'!r}; "
+            "send the body as 'application/json'.",
+            code="unsupported_media_type",
+        )
+    raw = await request.read()  # enforces the app's client_max_size (413)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_request(
+            None,
+            "We could not parse the JSON body of your request: it is not valid JSON.",
+            code="invalid_json",
+        ) from None
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    chat = parse_chat_request(await read_json(request))
+    adapter = request.app[CATALOG].lookup(chat.model)
+    if adapter is None:
+        request["model"] = "unknown"
+        raise model_not_found(chat.model)
+    request["model"] = chat.model
+    param = adapter.unsupported_param(chat)
+    if param is not None:
+        raise invalid_request(
+            param,
+            f"'{param}' is not supported by model '{chat.model}'.",
+            code="unsupported_parameter",
+        )
+    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    if chat.stream:
+        return await stream_completion(request, chat, adapter, completion_id)
+    return await complete(request, chat, adapter, completion_id)

@@ -1,0 +1,33 @@
+"""`GET /v1/models` and `GET /v1/models/{model}`."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from adapters.base import ModelInfo
+from gateway.errors import model_not_found
+from gateway.keys import CATALOG
+
+_STARTED = int(time.time())
+
+
+def _model_object(info: ModelInfo) -> dict:
+    body = {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by}
+    if info.max_model_len:
+        body["max_model_len"] = info.max_model_len
+    return body
+
+
+async def list_models(request: web.Request) -> web.Response:
+    data = [_model_object(info) for info in request.app[CATALOG].models()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    model = request.match_info["model"]
+    for info in request.app[CATALOG].models():
+        if info.id == model:
+            return web.json_response(_model_object(info))
+    raise model_not_found(model)

@@ -1,0 +1,18 @@
+"""Every `web.AppKey` of the gateway app, in one place."""
+
+from __future__ import annotations
+
+import weakref
+
+from aiohttp import web
+
+from adapters.catalog import Catalog
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+from policies.auth import KeyAuthenticator
+
+SETTINGS = web.AppKey("settings", Settings)
+CATALOG = web.AppKey("catalog", Catalog)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+AUTH = web.AppKey("auth", KeyAuthenticator)
+OPEN_STREAMS = web.AppKey("open_streams", weakref.WeakSet)

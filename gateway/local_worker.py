@@ -1,0 +1,101 @@
+"""Start, watch and stop `sluice worker` processes that the gateway owns.
+
+Each worker is a child process; it gets SIGTERM when the gateway exits (and, on Linux, when the
+gateway dies without cleaning up), so Ctrl-C or SIGTERM on `sluice serve` leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import socket
+import sys
+import time
+
+import aiohttp
+import structlog
+
+log = structlog.get_logger("sluice.local_worker")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class LocalWorker:
+    """One worker child process serving `model` on a loopback port."""
+
+    def __init__(self, model: str, device: str, dtype: str, port: int | None = None) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._proc: asyncio.subprocess.Process | None = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "--model",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--device",
+            self.device,
+            "--dtype",
+            self.dtype,
+        ]
+
+    async def start(self, ready_within: float) -> None:
+        log.info("starting worker", model=self.model, port=self.port)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command(), preexec_fn=_die_with_parent
+        )
+        await self._wait_ready(ready_within)
+
+    async def _wait_ready(self, ready_within: float) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + ready_within
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self._proc.returncode is not None:
+                    raise RuntimeError(f"worker exited with code {self._proc.returncode}")
+                try:
+                    async with session.get(
+                        f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=1)
+                    ) as resp:
+                        if resp.status == 200:
+                            log.info("worker ready", url=self.url)
+                            return
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"worker not ready after {ready_within:.0f} s")
+
+    async def stop(self, grace: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            log.warning("worker did not stop in time; killing it", pid=proc.pid)
+            proc.kill()
+            await proc.wait()

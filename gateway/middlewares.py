@@ -1,0 +1,79 @@
+"""Request context, error translation and authentication, applied to every route."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from gateway.errors import APIError, internal_error, invalid_api_key
+from gateway.keys import AUTH, METRICS
+
+log = structlog.get_logger("sluice.gateway")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _http_error(exc: web.HTTPException) -> APIError:
+    if exc.status == 413:
+        return APIError(413, "The request body is too large.", code="request_too_large")
+    if exc.status == 404:
+        return APIError(404, f"Unknown path: {exc.reason}.", code="not_found")
+    if exc.status == 405:
+        return APIError(405, "Method not allowed for this path.", code="method_not_allowed")
+    return APIError(exc.status, exc.reason, code=f"http_{exc.status}")
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give the request an id and start time; turn every failure into an OpenAI error body."""
+    request["request_id"] = "req_" + uuid.uuid4().hex
+    request["started"] = time.monotonic()
+    try:
+        response = await handler(request)
+    except APIError as exc:
+        response = exc.to_response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _http_error(exc).to_response()
+    except asyncio.CancelledError:
+        _count(request, 499)
+        raise
+    except Exception:
+        log.exception("unhandled error", request_id=request["request_id"], path=request.path)
+        response = internal_error().to_response()
+    _count(request, response.status)
+    return response
+
+
+def _count(request: web.Request, status: int) -> None:
+    if request.path in PUBLIC_PATHS:
+        return
+    principal = request.get("principal")
+    request.app[METRICS].requests.labels(
+        request.get("model", ""), principal.tenant if principal else "", str(status)
+    ).inc()
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every `/v1/` route needs a valid bearer credential."""
+    if request.path.startswith("/v1/"):
+        principal = request.app[AUTH].authenticate(request.headers.get("Authorization"))
+        if principal is None:
+            raise invalid_api_key()
+        request["principal"] = principal
+    return await handler(request)
+
+
+async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: stamp every response, streams included."""
+    request_id = request.get("request_id")
+    if request_id:
+        response.headers["x-request-id"] = request_id

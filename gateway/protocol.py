@@ -1,0 +1,274 @@
+"""The OpenAI Chat Completions request schema: parsing and validation in one place.
+
+`parse_chat_request` turns a decoded JSON body into a `ChatRequest` or raises an `APIError` whose
+message and `param` name the offending field. Unknown fields are ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.requests import ChatRequest, Message
+from gateway.errors import invalid_request
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_STOP_STRINGS = 4
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+
+
+def _type_name(value: Any) -> str:
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _expect(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    # bool is an int subclass in Python, but not a number in JSON Schema.
+    is_bool_as_number = isinstance(value, bool) and bool not in kinds
+    if is_bool_as_number or not isinstance(value, kinds):
+        raise invalid_request(
+            name,
+            f"Invalid type for '{name}': expected {label}, but got {_type_name(value)}.",
+            code="invalid_type",
+        )
+    return value
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float, *, low_open: bool = False):
+    value = _expect(body, name, (int, float), "a number")
+    if value is None:
+        return None
+    too_low = value <= low if low_open else value < low
+    if too_low or value > high:
+        bracket = "(" if low_open else "["
+        raise invalid_request(
+            name,
+            f"Invalid value for '{name}': {value} is outside the range {bracket}{low}, {high}].",
+        )
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
+    value = _expect(body, name, (int,), "an integer")
+    if value is None:
+        return None
+    if value < low or (high is not None and value > high):
+        limit = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise invalid_request(name, f"Invalid value for '{name}': {value}; it must be {limit}.")
+    return value
+
+
+def _parse_content(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_request(
+            where,
+            f"Invalid type for '{where}': expected a string or an array of content parts.",
+            code="invalid_type",
+        )
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+            raise invalid_request(
+                f"{where}[{j}].type",
+                f"Unsupported content part type {kind!r} in '{where}[{j}]': only 'text' parts are "
+                "supported.",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid_request(
+                f"{where}[{j}].text", f"'{where}[{j}].text' must be a string.", code="invalid_type"
+            )
+        texts.append(text)
+    return "".join(texts)
+
+
+def _parse_message(i: int, raw: Any) -> Message:
+    where = f"messages[{i}]"
+    if not isinstance(raw, dict):
+        raise invalid_request(where, f"'{where}' must be an object.", code="invalid_type")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise invalid_request(
+            f"{where}.role",
+            f"Invalid value for '{where}.role': {role!r}. Supported roles are "
+            "'system', 'developer', 'user', 'assistant' and 'tool'.",
+        )
+    content = _parse_content(raw.get("content"), f"{where}.content")
+    tool_calls = raw.get("tool_calls")
+    if tool_calls is not None and (role != "assistant" or not isinstance(tool_calls, list)):
+        raise invalid_request(
+            f"{where}.tool_calls", f"'{where}.tool_calls' must be an array on an assistant message."
+        )
+    if content is None and not tool_calls:
+        raise invalid_request(
+            f"{where}.content",
+            f"Missing required parameter: '{where}.content'.",
+            code="missing_required_parameter",
+        )
+    name = raw.get("name")
+    tool_call_id = raw.get("tool_call_id")
+    for key, value in (("name", name), ("tool_call_id", tool_call_id)):
+        if value is not None and not isinstance(value, str):
+            raise invalid_request(f"{where}.{key}", f"'{where}.{key}' must be a string.")
+    return Message(role, content, name, tool_call_id, tool_calls)
+
+
+def _parse_messages(body: dict[str, Any]) -> list[Message]:
+    raw = body.get("messages")
+    if raw is None:
+        raise invalid_request(
+            "messages", "Missing required parameter: 'messages'.", code="missing_required_parameter"
+        )
+    if not isinstance(raw, list):
+        raise invalid_request(
+            "messages",
+            f"Invalid type for 'messages': expected an array, but got {_type_name(raw)}.",
+            code="invalid_type",
+        )
+    if not raw:
+        raise invalid_request(
+            "messages",
+            "Invalid 'messages': empty array. Expected an array with at least 1 message.",
+            code="empty_array",
+        )
+    return [_parse_message(i, m) for i, m in enumerate(raw)]
+
+
+def _parse_stop(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise invalid_request(
+            "stop",
+            "Invalid type for 'stop': expected a string or an array of strings.",
+            code="invalid_type",
+        )
+    if len(stop) > MAX_STOP_STRINGS:
+        raise invalid_request(
+            "stop",
+            f"Invalid 'stop': at most {MAX_STOP_STRINGS} stop sequences are allowed, "
+            f"got {len(stop)}.",
+        )
+    if any(s == "" for s in stop):
+        raise invalid_request("stop", "Invalid 'stop': stop sequences must not be empty.")
+    return stop
+
+
+def _parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = _expect(body, "tools", (list,), "an array")
+    if tools is None:
+        return None
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise invalid_request(
+                f"tools[{i}]",
+                f"'tools[{i}]' must be an object with type 'function' and a 'function' object.",
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid_request(
+                f"tools[{i}].function.name",
+                f"Missing required parameter: 'tools[{i}].function.name'.",
+                code="missing_required_parameter",
+            )
+    return tools
+
+
+def _parse_tool_choice(body: dict[str, Any]) -> str | dict[str, Any] | None:
+    choice = body.get("tool_choice")
+    if choice is None or choice in TOOL_CHOICES:
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return choice
+    raise invalid_request(
+        "tool_choice",
+        "Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}.",
+    )
+
+
+def _parse_response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    fmt = _expect(body, "response_format", (dict,), "an object")
+    if fmt is not None and fmt.get("type") not in RESPONSE_FORMATS:
+        raise invalid_request(
+            "response_format.type",
+            "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema'.",
+        )
+    return fmt
+
+
+def _parse_metadata(body: dict[str, Any]) -> dict[str, str] | None:
+    metadata = _expect(body, "metadata", (dict,), "an object")
+    if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
+        raise invalid_request("metadata", "Invalid 'metadata': values must be strings.")
+    return metadata
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a decoded JSON body; raise `APIError` naming the first bad field."""
+    if not isinstance(body, dict):
+        raise invalid_request(None, "The request body must be a JSON object.", code="invalid_type")
+    model = _expect(body, "model", (str,), "a string")
+    if not model:
+        raise invalid_request(
+            "model", "Missing required parameter: 'model'.", code="missing_required_parameter"
+        )
+    messages = _parse_messages(body)
+    stream = bool(_expect(body, "stream", (bool,), "a boolean"))
+    options = _expect(body, "stream_options", (dict,), "an object")
+    if options is not None and not stream:
+        raise invalid_request(
+            "stream_options",
+            "The 'stream_options' parameter is only allowed when 'stream' is true.",
+        )
+    include_usage = bool(_expect(options or {}, "include_usage", (bool,), "a boolean"))
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1)
+    logprobs = bool(_expect(body, "logprobs", (bool,), "a boolean"))
+    top_logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:
+        raise invalid_request("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
+    presence = _number(body, "presence_penalty", -2.0, 2.0)
+    frequency = _number(body, "frequency_penalty", -2.0, 2.0)
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        seed=_integer(body, "seed", -(2**63), 2**63 - 1),
+        stop=_parse_stop(body),
+        n=_integer(body, "n", 1, MAX_N) or 1,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        presence_penalty=presence or 0.0,
+        frequency_penalty=frequency or 0.0,
+        tools=_parse_tools(body),
+        tool_choice=_parse_tool_choice(body),
+        response_format=_parse_response_format(body),
+        user=_expect(body, "user", (str,), "a string"),
+        metadata=_parse_metadata(body),
+    )

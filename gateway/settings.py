@@ -1,0 +1,83 @@
+"""Gateway settings: flags win over the environment (`SLUICE_<NAME>`), which wins over the
+`--config` TOML file, which wins over the defaults below."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "default"
+
+
+@dataclass(slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    workers: int = 1
+    worker_url: list[str] = field(default_factory=list)
+    upstream: list[str] = field(default_factory=list)
+    api_key: list[str] = field(default_factory=list)
+    tenants: str | None = None
+    redis_url: str | None = None
+    disconnect_grace: float = 10.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    ping_interval: float = 15.0
+    worker_start_timeout: float = 300.0
+    log_level: str = "info"
+
+    @property
+    def starts_local_workers(self) -> bool:
+        """DESIGN §9: a local worker unless only remote backends were named."""
+        return self.model is not None or not (self.worker_url or self.upstream)
+
+    def upstreams(self) -> list[tuple[str, str]]:
+        """`NAME=BASE_URL` pairs, validated."""
+        pairs = []
+        for spec in self.upstream:
+            name, sep, url = spec.partition("=")
+            if not sep or not name or not url.startswith(("http://", "https://")):
+                raise ValueError(f"--upstream expects NAME=BASE_URL, got {spec!r}")
+            pairs.append((name, url))
+        return pairs
+
+
+def _coerce(value: str, like: Any, is_list: bool) -> Any:
+    if is_list:
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(like, bool):
+        return value.lower() in ("1", "true", "yes", "on")
+    if isinstance(like, int):
+        return int(value)
+    if isinstance(like, float):
+        return float(value)
+    return value
+
+
+def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+    """Merge flags (None = not given), `SLUICE_*` variables and the `--config` file."""
+    environ = os.environ if environ is None else environ
+    config_path = flags.get("config") or environ.get("SLUICE_CONFIG")
+    config: dict[str, Any] = {}
+    if config_path:
+        with Path(config_path).open("rb") as fh:
+            config = {k.replace("-", "_"): v for k, v in tomllib.load(fh).items()}
+    defaults = Settings()
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        default = getattr(defaults, f.name)
+        is_list = isinstance(default, list)
+        flag = flags.get(f.name)
+        env = environ.get(f"SLUICE_{f.name.upper()}")
+        if flag not in (None, []):
+            values[f.name] = flag
+        elif env is not None:
+            values[f.name] = _coerce(env, default, is_list)
+        elif f.name in config:
+            values[f.name] = config[f.name]
+    return Settings(**values)

@@ -1,0 +1,102 @@
+"""The one SSE writer every stream goes through.
+
+Framing (DESIGN §4): `id: <seq>` and `data: <json>` then a blank line per event; `: ping`
+comments while idle; a failure after the stream began is one `data: {"error": …}` frame; the
+stream always ends with `data: [DONE]`. Frames produced together are written in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+
+import orjson
+from aiohttp import web
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",
+}
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+class SSEWriter:
+    """Writes framed events to one prepared `StreamResponse`, with heartbeats while idle."""
+
+    __slots__ = ("_heartbeat", "_last_write", "_ping_interval", "_response", "seq")
+
+    def __init__(self, response: web.StreamResponse, ping_interval: float = 15.0) -> None:
+        self._response = response
+        self._ping_interval = ping_interval
+        self._last_write = time.monotonic()
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.seq = 0
+
+    @classmethod
+    async def open(
+        cls,
+        request: web.Request,
+        ping_interval: float = 15.0,
+        headers: dict[str, str] | None = None,
+    ) -> SSEWriter:
+        response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        await response.prepare(request)
+        writer = cls(response, ping_interval)
+        if ping_interval > 0:
+            writer._heartbeat = asyncio.create_task(writer._ping_forever())
+        return writer
+
+    @property
+    def response(self) -> web.StreamResponse:
+        return self._response
+
+    def frame(self, data: bytes) -> bytes:
+        """One event frame with the next sequence number."""
+        self.seq += 1
+        return b"id: %d\ndata: %b\n\n" % (self.seq, data)
+
+    async def send(self, payloads: Iterable[bytes]) -> None:
+        """Frame each JSON payload and write them all at once."""
+        body = b"".join([self.frame(p) for p in payloads])
+        if body:
+            await self._write(body)
+
+    async def send_error(self, error: dict) -> None:
+        await self._write(self.frame(orjson.dumps({"error": error})))
+
+    async def close(self) -> None:
+        """Write `[DONE]` and end the response; safe to call on a broken connection."""
+        self._stop_heartbeat()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._response.write(DONE)
+            await self._response.write_eof()
+
+    def abandon(self) -> None:
+        """Stop heartbeats without writing: the client is gone."""
+        self._stop_heartbeat()
+
+    async def _write(self, body: bytes) -> None:
+        self._last_write = time.monotonic()
+        await self._response.write(body)
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    async def _ping_forever(self) -> None:
+        # NOTE: a ping is one whole write, so it can never split an event frame.
+        try:
+            while True:
+                idle = time.monotonic() - self._last_write
+                if idle < self._ping_interval:
+                    await asyncio.sleep(self._ping_interval - idle)
+                    continue
+                await self._write(PING)
+        except (ConnectionError, RuntimeError):
+            return

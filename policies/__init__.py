@@ -1,0 +1,1 @@
+"""Per-request policies: auth, quotas, idempotency and the safety window."""

@@ -1,0 +1,163 @@
+"""A scripted OpenAI-compatible server: the upstream tests and benchmarks drive the gateway with.
+
+Default behaviour: `POST /v1/chat/completions` streams `max_tokens` (default 16) chunks of one
+"token" each, `delay_ms` apart (from `metadata.delay_ms` or the server default), then a usage
+chunk and `[DONE]`; non-streaming requests get one `chat.completion`. Tests can install a raw
+script for a model: a list of byte strings to write and float delays, so chunk boundaries can fall
+inside words and UTF-8 code points. Every request is recorded, with whether the client hung up
+before the end.
+
+Run standalone: `python -m tests.support.scripted_upstream --port 9001 --delay-ms 20`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+Raw = list[bytes | float]
+
+
+@dataclass
+class Record:
+    body: dict[str, Any]
+    headers: dict[str, str]
+    finished: bool = False
+    hung_up_at: float | None = None
+
+
+@dataclass
+class UpstreamState:
+    delay_ms: float = 0.0
+    scripts: dict[str, Raw] = field(default_factory=dict)
+    status_for: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+
+
+STATE = web.AppKey("state", UpstreamState)
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chunk(cid: str, model: str, delta: dict, finish: str | None = None) -> dict:
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def token_script(cid: str, model: str, tokens: int, delay_s: float) -> Raw:
+    out: Raw = [sse(_chunk(cid, model, {"role": "assistant", "content": ""}))]
+    for i in range(tokens):
+        if delay_s:
+            out.append(delay_s)
+        out.append(sse(_chunk(cid, model, {"content": f"tok{i} "})))
+    out.append(sse(_chunk(cid, model, {}, "length")))
+    usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
+    out.append(
+        sse(
+            {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    )
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = orjson.loads(await request.read())
+    record = Record(body, dict(request.headers))
+    state.records.append(record)
+    model = body.get("model", "scripted")
+    if model in state.status_for:
+        status, payload = state.status_for[model]
+        return web.json_response(payload, status=status)
+    tokens = int(body.get("max_tokens") or 16)
+    delay_ms = float((body.get("metadata") or {}).get("delay_ms", state.delay_ms))
+    cid = "chatcmpl-upstream"
+    script = state.scripts.get(model) or token_script(cid, model, tokens, delay_ms / 1000)
+    if not body.get("stream"):
+        text = "".join(f"tok{i} " for i in range(tokens))
+        record.finished = True
+        return web.json_response(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 7,
+                    "completion_tokens": tokens,
+                    "total_tokens": 7 + tokens,
+                },
+            }
+        )
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    try:
+        for step in script:
+            if isinstance(step, float):
+                await asyncio.sleep(step)
+            else:
+                await resp.write(step)
+        record.finished = True
+    except (ConnectionError, asyncio.CancelledError):
+        record.hung_up_at = time.monotonic()
+        raise
+    return resp
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+
+def make_app(state: UpstreamState | None = None) -> web.Application:
+    app = web.Application()
+    app[STATE] = state or UpstreamState()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9001)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    web.run_app(
+        make_app(UpstreamState(delay_ms=args.delay_ms)),
+        host=args.host,
+        port=args.port,
+        print=None,
+        handler_cancellation=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
