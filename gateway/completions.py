@@ -17,7 +17,7 @@ from adapters.requests import ChatRequest
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from gateway.accounting import ResponseAccounting
 from gateway.errors import APIError, from_backend, upstream_failed
-from gateway.keys import METRICS, OPEN_STREAMS, SETTINGS
+from gateway.keys import METRICS, OPEN_STREAMS, PRINCIPAL, REQUEST_ID, SETTINGS, STARTED
 from gateway.sse import SSEWriter
 
 log = structlog.get_logger("sluice.completions")
@@ -42,7 +42,7 @@ async def stream_completion(
     request: web.Request, chat: ChatRequest, adapter: Adapter, completion_id: str
 ) -> web.StreamResponse:
     app = request.app
-    accounting = ResponseAccounting(app[METRICS], chat.model, request["started"])
+    accounting = ResponseAccounting(app[METRICS], chat.model, request[STARTED])
     renderer = ChunkRenderer(completion_id, chat.model)
     async with aclosing(adapter.stream(chat, completion_id)) as events:
         first = await _first_batch(events)
@@ -97,7 +97,7 @@ async def _relay(
 async def complete(
     request: web.Request, chat: ChatRequest, adapter: Adapter, completion_id: str
 ) -> web.Response:
-    accounting = ResponseAccounting(request.app[METRICS], chat.model, request["started"])
+    accounting = ResponseAccounting(request.app[METRICS], chat.model, request[STARTED])
     builder = CompletionBuilder(chat.n)
     outcome = None
     try:
@@ -129,10 +129,10 @@ def _log_end(
     request: web.Request, completion_id: str, accounting: ResponseAccounting, outcome: str | None
 ) -> None:
     usage = accounting.usage
-    principal = request.get("principal")
+    principal = request.get(PRINCIPAL)
     log.info(
         "completion end",
-        request_id=request["request_id"],
+        request_id=request[REQUEST_ID],
         completion_id=completion_id,
         tenant=principal.tenant if principal else None,
         model=accounting.model,

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import APIError, internal_error, invalid_api_key
-from gateway.keys import AUTH, METRICS
+from gateway.keys import AUTH, METRICS, MODEL_LABEL, PRINCIPAL, REQUEST_ID, STARTED
 
 log = structlog.get_logger("sluice.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,8 +32,8 @@ def _http_error(exc: web.HTTPException) -> APIError:
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Give the request an id and start time; turn every failure into an OpenAI error body."""
-    request["request_id"] = "req_" + uuid.uuid4().hex
-    request["started"] = time.monotonic()
+    request[REQUEST_ID] = "req_" + uuid.uuid4().hex
+    request[STARTED] = time.monotonic()
     try:
         response = await handler(request)
     except APIError as exc:
@@ -46,7 +46,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         _count(request, 499)
         raise
     except Exception:
-        log.exception("unhandled error", request_id=request["request_id"], path=request.path)
+        log.exception("unhandled error", request_id=request[REQUEST_ID], path=request.path)
         response = internal_error().to_response()
     _count(request, response.status)
     return response
@@ -55,9 +55,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 def _count(request: web.Request, status: int) -> None:
     if request.path in PUBLIC_PATHS:
         return
-    principal = request.get("principal")
+    principal = request.get(PRINCIPAL)
     request.app[METRICS].requests.labels(
-        request.get("model", ""), principal.tenant if principal else "", str(status)
+        request.get(MODEL_LABEL, ""), principal.tenant if principal else "", str(status)
     ).inc()
 
 
@@ -68,12 +68,12 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         principal = request.app[AUTH].authenticate(request.headers.get("Authorization"))
         if principal is None:
             raise invalid_api_key()
-        request["principal"] = principal
+        request[PRINCIPAL] = principal
     return await handler(request)
 
 
 async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: stamp every response, streams included."""
-    request_id = request.get("request_id")
+    request_id = request.get(REQUEST_ID)
     if request_id:
         response.headers["x-request-id"] = request_id

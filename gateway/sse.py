@@ -1,7 +1,7 @@
 """The one SSE writer every stream goes through.
 
 Framing (DESIGN §4): `id: <seq>` and `data: <json>` then a blank line per event; `: ping`
-comments while idle; a failure after the stream began is one `data: {"error": …}` frame; the
+comment lines while idle; a failure after the stream began is one `data: {"error": …}` frame; the
 stream always ends with `data: [DONE]`. Frames produced together are written in one call.
 """
 
@@ -21,7 +21,11 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
     "X-Accel-Buffering": "no",
 }
-PING = b": ping\n\n"
+# NOTE: a heartbeat is one comment line with no blank line after it. A blank line ends an event,
+# and the openai SDK's decoder (keeping the last `id:` as the spec says) would then hand the
+# caller an event with empty data, which it fails to parse as JSON. The comment line still keeps
+# proxies from timing the stream out, and is ignored inside the next event.
+PING = b": ping\n"
 DONE = b"data: [DONE]\n\n"
 
 

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.completions import complete, stream_completion
 from gateway.errors import APIError, invalid_request, model_not_found
-from gateway.keys import CATALOG
+from gateway.keys import CATALOG, MODEL_LABEL
 from gateway.protocol import parse_chat_request
 
 
@@ -36,9 +36,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     chat = parse_chat_request(await read_json(request))
     adapter = request.app[CATALOG].lookup(chat.model)
     if adapter is None:
-        request["model"] = "unknown"
+        request[MODEL_LABEL] = "unknown"
         raise model_not_found(chat.model)
-    request["model"] = chat.model
+    request[MODEL_LABEL] = chat.model
     param = adapter.unsupported_param(chat)
     if param is not None:
         raise invalid_request(

@@ -1,0 +1,34 @@
+"""Splitting byte streams into records, whatever the read boundaries."""
+
+from __future__ import annotations
+
+from adapters.framing import LineSplitter, SSEDataSplitter
+
+STREAM = (
+    b": ping\n\n"
+    b'id: 1\ndata: {"a":"\xe4\xbd\xa0"}\n\n'
+    b"event: x\r\ndata: line1\r\ndata: line2\r\n\r\n"
+    b"data:nospace\n\n"
+    b"data: [DONE]\n\n"
+)
+
+
+def feed_in_pieces(splitter, data: bytes, size: int) -> list[bytes]:
+    out = []
+    for i in range(0, len(data), size):
+        out += splitter.feed(data[i : i + size])
+    return out
+
+
+def test_sse_payloads_whatever_the_read_size():
+    expected = [b'{"a":"\xe4\xbd\xa0"}', b"line1\nline2", b"nospace", b"[DONE]"]
+    for size in (1, 2, 3, 5, 8, 13, len(STREAM)):
+        assert feed_in_pieces(SSEDataSplitter(), STREAM, size) == expected, size
+
+
+def test_lines_whatever_the_read_size():
+    data = b'{"type":"text"}\n{"type":"usage"}\r\n\n{"type":"fin'
+    for size in (1, 4, 7, len(data)):
+        splitter = LineSplitter()
+        assert feed_in_pieces(splitter, data, size) == [b'{"type":"text"}', b'{"type":"usage"}']
+        assert splitter.feed(b'ish"}\n') == [b'{"type":"finish"}']

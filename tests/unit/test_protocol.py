@@ -1,0 +1,148 @@
+"""Request validation: each bad input is a 400 naming its field; good input keeps its values."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.protocol import parse_chat_request
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def body(**overrides):
+    base = {"model": "m", "messages": USER}
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+BAD = [
+    # (overrides, param, code)
+    ({"model": ...}, "model", "missing_required_parameter"),
+    ({"model": 7}, "model", "invalid_type"),
+    ({"model": ""}, "model", "missing_required_parameter"),
+    ({"messages": ...}, "messages", "missing_required_parameter"),
+    ({"messages": "hi"}, "messages", "invalid_type"),
+    ({"messages": []}, "messages", "empty_array"),
+    ({"messages": ["hi"]}, "messages[0]", "invalid_type"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "invalid_value"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "missing_required_parameter"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages[0].content[0].type",
+        "invalid_value",
+    ),
+    ({"temperature": -0.1}, "temperature", "invalid_value"),
+    ({"temperature": 2.5}, "temperature", "invalid_value"),
+    ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"temperature": True}, "temperature", "invalid_type"),
+    ({"top_p": 0}, "top_p", "invalid_value"),
+    ({"top_p": 1.5}, "top_p", "invalid_value"),
+    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+    ({"max_tokens": 2.5}, "max_tokens", "invalid_type"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens", "invalid_value"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    ({"stop": [1]}, "stop", "invalid_type"),
+    ({"stop": [""]}, "stop", "invalid_value"),
+    ({"n": 0}, "n", "invalid_value"),
+    ({"stream": "yes"}, "stream", "invalid_type"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+    ({"top_logprobs": 3}, "top_logprobs", "invalid_value"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
+    ({"presence_penalty": 3}, "presence_penalty", "invalid_value"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty", "invalid_value"),
+    ({"seed": "x"}, "seed", "invalid_type"),
+    ({"tools": [{"type": "function"}]}, "tools[0]", "invalid_value"),
+    (
+        {"tools": [{"type": "function", "function": {}}]},
+        "tools[0].function.name",
+        "missing_required_parameter",
+    ),
+    ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
+    ({"metadata": {"a": 1}}, "metadata", "invalid_value"),
+    ({"user": 5}, "user", "invalid_type"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "param", "code"), BAD)
+def test_bad_input_is_a_400_naming_the_field(overrides, param, code):
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(body(**overrides))
+    error = caught.value
+    assert error.status == 400
+    assert error.param == param
+    assert error.code == code
+    assert error.body()["error"]["type"] == "invalid_request_error"
+    assert param.split("[")[0].split(".")[0] in error.message
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(APIError) as caught:
+        parse_chat_request([1, 2])
+    assert caught.value.status == 400
+
+
+def test_defaults_are_openais():
+    chat = parse_chat_request(body())
+    assert (chat.temperature, chat.top_p, chat.n, chat.stream, chat.max_tokens) == (
+        1.0,
+        1.0,
+        1,
+        False,
+        None,
+    )
+    assert chat.stop == []
+
+
+def test_values_are_kept_and_unknown_fields_ignored():
+    chat = parse_chat_request(
+        body(
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=9,
+            temperature=0,
+            top_p=0.5,
+            seed=42,
+            stop="END",
+            n=2,
+            logprobs=True,
+            top_logprobs=3,
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            user="u1",
+            metadata={"k": "v"},
+            some_future_field={"x": 1},
+        )
+    )
+    assert chat.stream and chat.include_usage
+    assert (chat.max_tokens, chat.temperature, chat.top_p, chat.seed) == (9, 0.0, 0.5, 42)
+    assert chat.stop == ["END"]
+    assert (chat.n, chat.logprobs, chat.top_logprobs) == (2, True, 3)
+    assert (chat.presence_penalty, chat.frequency_penalty) == (0.5, -0.5)
+    assert chat.metadata == {"k": "v"}
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert parse_chat_request(body(max_tokens=5, max_completion_tokens=7)).max_tokens == 7
+
+
+def test_text_parts_are_joined_and_roles_accepted():
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    chat = parse_chat_request(body(messages=messages))
+    assert [m.role for m in chat.messages] == ["developer", "user", "assistant", "tool"]
+    assert chat.messages[1].content == "ab"
+    assert chat.messages[2].tool_calls[0]["id"] == "c1"
+    assert chat.messages[3].tool_call_id == "c1"
