@@ -59,15 +59,16 @@ class ScriptedAdapter:
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         self.requests.append(request)
-        self.aborted[request_id] = True
-        # NOTE: stays True unless the script runs to its end, so a gateway that closes the
-        # iterator early (disconnect, cancel) leaves the mark.
-        for step in self.script(request):
-            if isinstance(step, BaseException):
-                self.aborted[request_id] = False
-                raise step
-            if isinstance(step, float | int):
-                await asyncio.sleep(step)
-                continue
-            yield step if isinstance(step, list) else [step]
-        self.aborted[request_id] = False
+        try:
+            for step in self.script(request):
+                if isinstance(step, BaseException):
+                    raise step
+                if isinstance(step, float | int):
+                    await asyncio.sleep(step)
+                    continue
+                yield step if isinstance(step, list) else [step]
+        except (GeneratorExit, asyncio.CancelledError):
+            self.aborted[request_id] = True  # the gateway closed the stream early
+            raise
+        else:
+            self.aborted[request_id] = False

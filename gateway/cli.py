@@ -34,6 +34,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenants", help="tenants TOML file")
     p.add_argument("--redis-url", help="Redis for state shared by replicas")
     p.add_argument("--disconnect-grace", type=float, help="seconds a run outlives its client")
+    p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
+    p.add_argument("--ping-interval", type=float, help="seconds of idle stream before a ': ping'")
     p.add_argument("--config", help="TOML file with any of these settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 

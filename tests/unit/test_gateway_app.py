@@ -1,0 +1,152 @@
+"""The gateway app over an in-process scripted adapter: framing, errors and aborts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.base import BackendFailed, BackendUnavailable
+from adapters.events import ErrorEvent, Finish, TextDelta, Usage
+from adapters.scripted import ScriptedAdapter, text_script
+from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
+
+
+async def make_client(aiohttp_client, script, model="scripted"):
+    adapter = ScriptedAdapter(model, script)
+    return adapter, await aiohttp_client(gateway_app(adapters=[adapter]))
+
+
+async def post(client, **body):
+    return await client.post("/v1/chat/completions", json=chat_body(**body), headers=AUTH)
+
+
+async def test_n_choices_each_get_a_role_chunk_and_a_finish(aiohttp_client):
+    def script(request):
+        return [
+            [TextDelta("a", 0), TextDelta("b", 1)],
+            TextDelta("c", 0),
+            Finish("stop", 0),
+            Finish("length", 1),
+            Usage(3, 3),
+        ]
+
+    _, client = await make_client(aiohttp_client, script)
+    payloads = stream_payloads(await (await post(client, stream=True, n=2)).read())
+    roles = [p["choices"][0]["index"] for p in payloads[:2]]
+    assert roles == [0, 1]
+    assert all(p["choices"][0]["delta"]["role"] == "assistant" for p in payloads[:2])
+    assert (stream_text(payloads, 0), stream_text(payloads, 1)) == ("ac", "b")
+    finishes = {
+        c["index"]: c["finish_reason"]
+        for p in payloads[:-1]
+        for c in p["choices"]
+        if c["finish_reason"]
+    }
+    assert finishes == {0: "stop", 1: "length"}
+
+
+async def test_error_event_mid_stream_is_an_error_frame(aiohttp_client):
+    def script(request):
+        return [
+            TextDelta("ok"),
+            ErrorEvent("worker_error", "The model worker failed."),
+            TextDelta("never sent"),
+        ]
+
+    _, client = await make_client(aiohttp_client, script)
+    payloads = stream_payloads(await (await post(client, stream=True)).read())
+    assert stream_text(payloads) == "ok"
+    assert payloads[-2] == {
+        "error": {
+            "message": "The model worker failed.",
+            "type": "server_error",
+            "param": None,
+            "code": "worker_error",
+        }
+    }
+    assert payloads[-1] == "[DONE]"
+
+
+async def test_error_event_without_stream_is_a_502(aiohttp_client):
+    _, client = await make_client(
+        aiohttp_client, lambda r: [TextDelta("x"), ErrorEvent("worker_error", "failed")]
+    )
+    resp = await post(client)
+    assert resp.status == 502
+    assert (await resp.json())["error"]["code"] == "upstream_error"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "code"),
+    [
+        (BackendUnavailable("busy", 3), 503, "overloaded"),
+        (BackendFailed("x"), 502, "upstream_error"),
+    ],
+)
+async def test_backend_failure_before_first_event_is_an_http_error(
+    aiohttp_client, exc, status, code
+):
+    _, client = await make_client(aiohttp_client, lambda r: [exc])
+    for stream in (True, False):
+        resp = await post(client, stream=stream)
+        assert resp.status == status
+        assert (await resp.json())["error"]["code"] == code
+    if status == 503:
+        assert resp.headers["retry-after"] == "3"
+
+
+async def test_backend_failure_after_first_event_is_an_error_frame(aiohttp_client):
+    _, client = await make_client(aiohttp_client, lambda r: [TextDelta("x"), BackendFailed()])
+    payloads = stream_payloads(await (await post(client, stream=True)).read())
+    assert payloads[-2]["error"]["code"] == "upstream_error"
+
+
+async def test_disconnect_closes_the_adapter_stream(aiohttp_client):
+    adapter, client = await make_client(
+        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02)
+    )
+    resp = await post(client, stream=True)
+    await resp.content.readuntil(b"t1 ")
+    resp.close()
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        metrics = await (await client.get("/metrics")).text()
+        if adapter.aborted and "sluice_disconnects_total 1.0" in metrics:
+            break
+    (request_id,) = adapter.aborted
+    assert adapter.aborted[request_id] is True
+    assert "sluice_disconnects_total 1.0" in metrics
+    assert "sluice_active_streams 0.0" in metrics
+
+
+async def test_non_stream_disconnect_closes_the_adapter_stream(aiohttp_client):
+    adapter, client = await make_client(
+        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02)
+    )
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(post(client), 0.1)
+    for _ in range(100):
+        if adapter.aborted:
+            break
+        await asyncio.sleep(0.02)
+    (request_id,) = adapter.aborted
+    assert adapter.aborted[request_id] is True
+
+
+async def test_models_health_and_auth(aiohttp_client):
+    _, client = await make_client(aiohttp_client, text_script(["x"]), model="m1")
+    models = await (await client.get("/v1/models", headers=AUTH)).json()
+    assert [m["id"] for m in models["data"]] == ["m1"]
+    assert (await client.get("/v1/models/m1", headers=AUTH)).status == 200
+    assert (await client.get("/v1/models/nope", headers=AUTH)).status == 404
+    assert (await client.get("/v1/models")).status == 401
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+    assert (await ready.json())["backends"] == {"scripted:m1": True}
+
+
+def test_the_app_refuses_to_run_without_a_key():
+    with pytest.raises(ValueError, match="no API key"):
+        gateway_app(adapters=[], api_key=[])
