@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from typing import Any
@@ -55,6 +56,7 @@ Try it:
     stream = client.chat.completions.create(
         model="SmolLM2-135M-Instruct",
         messages=[{{"role": "user", "content": "What is the capital of France?"}}],
+        temperature=0,
         stream=True,
     )
     for chunk in stream:
@@ -66,7 +68,12 @@ async def _serve(settings: Settings, banner: str | None) -> None:
     from gateway.app import create_app
 
     app = create_app(settings)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5)
+    # NOTE: aiohttp's access log formats a plain-text line per request; the structured
+    # "completion end" line already records each run, so the access log is only kept for debug.
+    access_log = logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=5, access_log=access_log
+    )
     await runner.setup()  # starts the workers and adapters
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()

@@ -46,17 +46,17 @@ async def stream_completion(
     renderer = ChunkRenderer(completion_id, chat.model)
     async with aclosing(adapter.stream(chat, completion_id)) as events:
         first = await _first_batch(events)
-        writer = await SSEWriter.open(request, app[SETTINGS].ping_interval)
+        roles = [renderer.role(i) for i in range(chat.n)]
+        first_payloads = _render(renderer, accounting, first, roles)
+        writer = await SSEWriter.open(request, app[SETTINGS].ping_interval, first=first_payloads)
         app[OPEN_STREAMS].add(asyncio.current_task())
         app[METRICS].active_streams.inc()
         outcome = None
         try:
-            roles = [renderer.role(i) for i in range(chat.n)]
-            await _relay(writer, renderer, accounting, first, roles)
             async for batch in events:
                 if accounting.error is not None:
                     break
-                await _relay(writer, renderer, accounting, batch)
+                await writer.send(_render(renderer, accounting, batch))
             if accounting.error is not None:
                 await writer.send_error(_error_body(accounting.error))
             elif chat.include_usage and accounting.usage is not None:
@@ -78,20 +78,20 @@ async def stream_completion(
     return writer.response
 
 
-async def _relay(
-    writer: SSEWriter,
+def _render(
     renderer: ChunkRenderer,
     accounting: ResponseAccounting,
     batch: list[Event],
     payloads: list[bytes] | None = None,
-) -> None:
+) -> list[bytes]:
+    """The chunk payloads of one batch, recorded as sent (they are written next)."""
     accounting.observe(batch)
     payloads = payloads or []
     for event in batch:
         chunk = renderer.render(event)
         if chunk is not None:
             payloads.append(chunk)
-    await writer.send(payloads)
+    return payloads
 
 
 async def complete(

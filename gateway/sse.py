@@ -29,6 +29,13 @@ PING = b": ping\n"
 DONE = b"data: [DONE]\n\n"
 
 
+class _HeadersWithFirstWrite(web.StreamResponse):
+    """A stream response whose headers wait for its first write (aiohttp's switch for responses
+    with a body ready), so headers and the first frames leave in one write."""
+
+    _send_headers_immediately = False
+
+
 class SSEWriter:
     """Writes framed events to one prepared `StreamResponse`, with heartbeats while idle."""
 
@@ -38,7 +45,8 @@ class SSEWriter:
         self._response = response
         self._ping_interval = ping_interval
         self._last_write = time.monotonic()
-        self._heartbeat: asyncio.Task[None] | None = None
+        # a timer while waiting, a task only while a ping is being written
+        self._heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
         self.seq = 0
 
     @classmethod
@@ -47,12 +55,17 @@ class SSEWriter:
         request: web.Request,
         ping_interval: float = 15.0,
         headers: dict[str, str] | None = None,
+        first: list[bytes] | None = None,
     ) -> SSEWriter:
-        response = web.StreamResponse(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        """Start the stream; `first` payloads are framed into the same write as the headers."""
+        response_class = _HeadersWithFirstWrite if first else web.StreamResponse
+        response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
         writer = cls(response, ping_interval)
+        if first:
+            await writer.send(first)
         if ping_interval > 0:
-            writer._heartbeat = asyncio.create_task(writer._ping_forever())
+            writer._wait_for_idle(ping_interval)
         return writer
 
     @property
@@ -77,8 +90,7 @@ class SSEWriter:
         """Write `[DONE]` and end the response; safe to call on a broken connection."""
         self._stop_heartbeat()
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._response.write(DONE)
-            await self._response.write_eof()
+            await self._response.write_eof(DONE)  # one write: last frame and end of body
 
     def abandon(self) -> None:
         """Stop heartbeats without writing: the client is gone."""
@@ -93,14 +105,24 @@ class SSEWriter:
             self._heartbeat.cancel()
             self._heartbeat = None
 
-    async def _ping_forever(self) -> None:
-        # NOTE: a ping is one whole write, so it can never split an event frame.
+    # NOTE: the heartbeat is a timer, not a task per stream: streams are many and pings rare. The
+    # timer re-arms itself for the rest of the interval after any write, and only when a stream
+    # has really been idle does it start a task to write the ping. A ping is one whole write, so
+    # it can never split an event frame.
+    def _wait_for_idle(self, delay: float) -> None:
+        self._heartbeat = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        idle = time.monotonic() - self._last_write
+        if idle < self._ping_interval:
+            self._wait_for_idle(self._ping_interval - idle)
+        else:
+            self._heartbeat = asyncio.ensure_future(self._ping())
+
+    async def _ping(self) -> None:
         try:
-            while True:
-                idle = time.monotonic() - self._last_write
-                if idle < self._ping_interval:
-                    await asyncio.sleep(self._ping_interval - idle)
-                    continue
-                await self._write(PING)
+            await self._write(PING)
         except (ConnectionError, RuntimeError):
+            self._heartbeat = None
             return
+        self._wait_for_idle(self._ping_interval)

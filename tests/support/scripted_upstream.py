@@ -58,6 +58,11 @@ def _chunk(cid: str, model: str, delta: dict, finish: str | None = None) -> dict
 
 
 def token_script(cid: str, model: str, tokens: int, delay_s: float) -> Raw:
+    """Role chunk, `tokens` one-token chunks `delay_s` apart, finish, usage, `[DONE]`.
+
+    Frames with no delay between them go out in one write, as a server that has several tokens
+    ready sends them; at zero delay the whole response is one write.
+    """
     out: Raw = [sse(_chunk(cid, model, {"role": "assistant", "content": ""}))]
     for i in range(tokens):
         if delay_s:
@@ -78,7 +83,24 @@ def token_script(cid: str, model: str, tokens: int, delay_s: float) -> Raw:
         )
     )
     out.append(b"data: [DONE]\n\n")
-    return out
+    return coalesce(out)
+
+
+def coalesce(script: Raw) -> Raw:
+    """Join consecutive byte steps into one write."""
+    merged: Raw = []
+    pending: list[bytes] = []
+    for step in script:
+        if isinstance(step, bytes):
+            pending.append(step)
+            continue
+        if pending:
+            merged.append(b"".join(pending))
+            pending = []
+        merged.append(step)
+    if pending:
+        merged.append(b"".join(pending))
+    return merged
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

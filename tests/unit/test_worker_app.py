@@ -1,0 +1,217 @@
+"""The worker app built from its factory: the worker API of docs/worker-api.md, route by route."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from workers.config import WorkerConfig
+from workers.model_loader import load_model
+from workers.server import create_worker_app
+from workers.service import LoadedModel
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir) -> LoadedModel:
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
+    return LoadedModel(model, tokenizer, "tiny")
+
+
+async def wait_healthy(client) -> None:
+    deadline = time.monotonic() + 10
+    while (await client.get("/health")).status != 200:
+        assert time.monotonic() < deadline, "the worker app never became healthy"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def client(aiohttp_client, loaded, tiny_model_dir):
+    config = WorkerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32")
+    client = await aiohttp_client(create_worker_app(config, loaded=loaded))
+    await wait_healthy(client)
+    return client
+
+
+def body(**overrides) -> dict:
+    """ignore_eos: a sampled run on the tiny model may draw EOS; these runs must stay long."""
+    return {"request_id": "req-1", "messages": HI, "max_tokens": 8, "ignore_eos": True, **overrides}
+
+
+async def read_lines(response) -> list[dict]:
+    return [orjson.loads(line) for line in (await response.read()).splitlines()]
+
+
+async def stats(client) -> dict:
+    return await (await client.get("/v1/stats")).json()
+
+
+async def generated_tokens(client) -> float:
+    text = await (await client.get("/metrics")).text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return families["sluice_worker_generated_tokens"].samples[0].value
+
+
+async def wait_for_idle(client) -> dict:
+    deadline = time.monotonic() + 5
+    while (current := await stats(client))["running"] or current["waiting"]:
+        assert time.monotonic() < deadline, current
+        await asyncio.sleep(0.02)
+    return current
+
+
+async def test_health_and_model(client) -> None:
+    response = await client.get("/health")
+    assert (response.status, await response.json()) == (200, {"status": "ok"})
+    response = await client.get("/v1/model")
+    assert await response.json() == {
+        "id": "tiny",
+        "max_model_len": 1024,
+        "vocab_size": 600,
+        "device": "cpu",
+        "dtype": "float32",
+        "api_version": 1,
+    }
+
+
+async def test_generate_streams_ndjson(client) -> None:
+    response = await client.post("/v1/generate", json=body(temperature=0, n=2))
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "application/x-ndjson"
+    lines = await read_lines(response)
+    assert lines[0] == {"type": "start", "prompt_tokens": 17}
+    finishes = [line for line in lines if line["type"] == "finish"]
+    assert sorted((f["index"], f["reason"], f["completion_tokens"]) for f in finishes) == [
+        (0, "length", 8),
+        (1, "length", 8),
+    ]
+    assert lines[-1] == {"type": "usage", "prompt_tokens": 17, "completion_tokens": 16}
+    texts = {
+        i: "".join(x["text"] for x in lines if x.get("index") == i and x["type"] == "text")
+        for i in (0, 1)
+    }
+    assert texts[0] == texts[1] != ""  # greedy: both choices agree
+
+
+@pytest.mark.parametrize(
+    ("payload", "param", "code"),
+    [
+        (body(max_tokens=1010), "max_tokens", "context_length_exceeded"),
+        (
+            body(messages=[{"role": "user", "content": "word " * 1100}]),
+            "messages",
+            "context_length_exceeded",
+        ),
+        (body(temperature=-1), "temperature", "invalid_value"),
+        (body(stop_token_ids=[600]), "stop_token_ids", "invalid_value"),
+        (body(messages="Hi"), "messages", "invalid_type"),
+        ({"messages": HI}, "request_id", "invalid_type"),
+    ],
+)
+async def test_bad_requests_are_400_naming_the_field(client, payload, param, code) -> None:
+    response = await client.post("/v1/generate", json=payload)
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+
+
+async def test_malformed_json_is_400(client) -> None:
+    response = await client.post("/v1/generate", data=b"{not json")
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == "invalid_json"
+
+
+async def test_abort_by_post_ends_the_stream(client) -> None:
+    response = await client.post("/v1/generate", json=body(max_tokens=1000))
+    assert orjson.loads(await response.content.readline())["type"] == "start"
+    assert orjson.loads(await response.content.readline())["type"] == "text"
+    aborted = await client.post("/v1/abort", json={"request_id": "req-1"})
+    assert await aborted.json() == {"aborted": True}
+    lines = await read_lines(response)
+    assert lines[-2]["type"] == "finish" and lines[-2]["reason"] == "abort"
+    assert lines[-1]["type"] == "usage"
+    again = await client.post("/v1/abort", json={"request_id": "req-1"})
+    assert await again.json() == {"aborted": False}
+
+
+async def test_abort_refuses_a_body_without_request_id(client) -> None:
+    response = await client.post("/v1/abort", json={"id": "x"})
+    assert response.status == 400
+    assert (await response.json())["error"]["param"] == "request_id"
+
+
+async def test_closing_the_connection_aborts(client) -> None:
+    response = await client.post("/v1/generate", json=body(max_tokens=1000))
+    await response.content.readline()
+    await response.content.readline()
+    response.close()
+    after = await wait_for_idle(client)
+    assert await generated_tokens(client) < 200  # stopped long before max_tokens=1000
+    assert after == {
+        "waiting": 0,
+        "running": 0,
+        "kv_blocks_used": 0,
+        "kv_blocks_total": 0,
+        "prefix_cache_hits": 0,
+        "prefix_cache_queries": 0,
+    }
+
+
+async def test_duplicate_live_request_id_is_400(client) -> None:
+    first = await client.post("/v1/generate", json=body(max_tokens=1000))
+    await first.content.readline()
+    second = await client.post("/v1/generate", json=body())
+    assert second.status == 400
+    assert (await second.json())["error"]["param"] == "request_id"
+    await client.post("/v1/abort", json={"request_id": "req-1"})
+    await first.read()
+
+
+async def test_metrics_have_the_worker_names(client) -> None:
+    await (await client.post("/v1/generate", json=body())).read()
+    text = await (await client.get("/metrics")).text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {
+        "sluice_worker_requests_running",
+        "sluice_worker_requests_waiting",
+        "sluice_worker_kv_blocks_used",
+        "sluice_worker_kv_blocks_total",
+        "sluice_worker_prefix_cache_hits",
+        "sluice_worker_prefix_cache_queries",
+        "sluice_worker_preemptions",
+        "sluice_worker_step_seconds",
+        "sluice_worker_batch_tokens",
+        "sluice_worker_generated_tokens",
+    } <= set(families)
+    [generated] = families["sluice_worker_generated_tokens"].samples
+    assert generated.value == 8
+    steps = {s.name: s.value for s in families["sluice_worker_step_seconds"].samples}
+    assert steps["sluice_worker_step_seconds_count"] == 8
+
+
+async def test_two_apps_in_one_process_share_no_state(
+    aiohttp_client, loaded, tiny_model_dir
+) -> None:
+    config = WorkerConfig(model=str(tiny_model_dir))
+    one = await aiohttp_client(create_worker_app(config, loaded=loaded))
+    two = await aiohttp_client(create_worker_app(config, loaded=loaded))
+    await wait_healthy(one)
+    await wait_healthy(two)
+    await (await one.post("/v1/generate", json=body(max_tokens=5))).read()
+    assert await generated_tokens(one) == 5
+    assert await generated_tokens(two) == 0
+
+
+async def test_not_ready_answers_503(aiohttp_client, tmp_path) -> None:
+    client = await aiohttp_client(create_worker_app(WorkerConfig(model=str(tmp_path / "missing"))))
+    await asyncio.sleep(0.05)
+    assert (await client.get("/health")).status == 503
+    response = await client.post("/v1/generate", json=body())
+    assert response.status == 503
+    assert (await response.json())["error"]["code"] == "not_ready"

@@ -1,0 +1,76 @@
+"""`sluice worker` flags: environment defaults, flags win, settings validated, clean failure."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from workers.cli import add_worker_arguments, serve
+from workers.config import WorkerConfig
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MODEL", "PORT", "HOST", "DEVICE", "DTYPE", "MAX_NUM_SEQS"):
+        monkeypatch.delenv(f"SLUICE_{name}", raising=False)
+
+
+def test_defaults() -> None:
+    args = parse(["--port", "9001"])
+    assert vars(args) == {
+        "model": "default",
+        "port": 9001,
+        "host": "127.0.0.1",
+        "device": "auto",
+        "dtype": "auto",
+        "max_num_seqs": 32,
+    }
+
+
+def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
+    monkeypatch.setenv("SLUICE_MODEL", "/models/a")
+    monkeypatch.setenv("SLUICE_PORT", "9100")
+    monkeypatch.setenv("SLUICE_HOST", "0.0.0.0")
+    monkeypatch.setenv("SLUICE_DEVICE", "cpu")
+    monkeypatch.setenv("SLUICE_DTYPE", "float32")
+    monkeypatch.setenv("SLUICE_MAX_NUM_SEQS", "4")
+    assert vars(parse([])) == {
+        "model": "/models/a",
+        "port": 9100,
+        "host": "0.0.0.0",
+        "device": "cpu",
+        "dtype": "float32",
+        "max_num_seqs": 4,
+    }
+    assert parse(["--port", "9200", "--max-num-seqs", "8"]).port == 9200
+    assert parse(["--max-num-seqs", "8"]).max_num_seqs == 8
+
+
+def test_port_is_required_without_the_environment() -> None:
+    with pytest.raises(SystemExit):
+        parse([])
+
+
+def test_bad_choices_are_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse(["--port", "1", "--dtype", "int4"])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"port": 70000}, {"device": "tpu"}, {"dtype": "int8"}, {"max_num_seqs": 0}],
+)
+def test_config_validation(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        WorkerConfig(**kwargs)
+
+
+async def test_a_model_that_cannot_load_exits_non_zero(tmp_path) -> None:
+    assert await serve(WorkerConfig(model=str(tmp_path / "missing"), port=0)) == 1

@@ -1,0 +1,91 @@
+"""Parsing /v1/generate bodies: defaults, strict types, and the field named on every refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.protocol import BadRequest, parse_generate
+from workers.sampling import SamplingParams
+
+
+def body(**overrides) -> dict:
+    base = {"request_id": "chatcmpl-1", "messages": [{"role": "user", "content": "Hi"}]}
+    return {**base, **overrides}
+
+
+def test_defaults_follow_the_api_doc() -> None:
+    parsed = parse_generate(body())
+    assert parsed.request_id == "chatcmpl-1"
+    assert parsed.messages == [{"role": "user", "content": "Hi"}]
+    assert parsed.params == SamplingParams()
+
+
+def test_all_fields_and_unknown_fields_ignored() -> None:
+    parsed = parse_generate(
+        body(
+            max_tokens=64,
+            temperature=0,
+            top_p=0.5,
+            top_k=4,
+            seed=3,
+            stop=["END"],
+            stop_token_ids=[2],
+            n=2,
+            presence_penalty=0.1,
+            frequency_penalty=0.2,
+            logprobs=True,
+            top_logprobs=2,
+            ignore_eos=True,
+            something_new={"x": 1},
+        )
+    )
+    assert parsed.params == SamplingParams(
+        max_tokens=64,
+        temperature=0.0,
+        top_p=0.5,
+        top_k=4,
+        seed=3,
+        stop=("END",),
+        stop_token_ids=(2,),
+        n=2,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        logprobs=True,
+        top_logprobs=2,
+        ignore_eos=True,
+    )
+
+
+def test_null_means_default_and_a_single_stop_string_is_accepted() -> None:
+    parsed = parse_generate(body(max_tokens=None, seed=None, stop="END", temperature=None))
+    assert parsed.params.max_tokens is None
+    assert parsed.params.temperature == 1.0
+    assert parsed.params.stop == ("END",)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "code"),
+    [
+        ([], None, "invalid_type"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "request_id", "invalid_type"),
+        (body(request_id=""), "request_id", "invalid_type"),
+        (body(messages=[]), "messages", "invalid_type"),
+        (body(messages=[{"role": "robot", "content": "x"}]), "messages", "invalid_value"),
+        (body(messages=[{"role": "user", "content": ["x"]}]), "messages", "invalid_type"),
+        (body(max_tokens="5"), "max_tokens", "invalid_type"),
+        (body(max_tokens=True), "max_tokens", "invalid_type"),
+        (body(max_tokens=0), "max_tokens", "invalid_value"),
+        (body(temperature="hot"), "temperature", "invalid_type"),
+        (body(temperature=3), "temperature", "invalid_value"),
+        (body(top_k=1.5), "top_k", "invalid_type"),
+        (body(stop=[1]), "stop", "invalid_type"),
+        (body(stop_token_ids=[True]), "stop_token_ids", "invalid_type"),
+        (body(n=0), "n", "invalid_value"),
+        (body(logprobs="yes"), "logprobs", "invalid_type"),
+        (body(ignore_eos=1), "ignore_eos", "invalid_type"),
+    ],
+)
+def test_refusals_name_the_field(raw, param: str | None, code: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_generate(raw)
+    assert (info.value.param, info.value.code) == (param, code)

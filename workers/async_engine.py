@@ -1,0 +1,189 @@
+"""The engine loop on its own thread, streamed to asyncio tasks.
+
+Model work never runs on the event loop. The loop side hands requests and aborts to the thread
+through a condition variable (the thread sleeps on it when idle, no busy spin); the thread hands
+each step's outputs back in one `call_soon_threadsafe`, batched per step, never per token. Each
+`generate()` stream is a queue that the loop side fills; a stream that is cancelled or closed
+early aborts its request (the engine drops it at its next step boundary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from workers import protocol
+from workers.engine import ENGINE_ERROR, Engine, EngineStats, RequestOutput
+from workers.request import EngineRequest
+
+log = structlog.get_logger("sluice.worker.loop")
+
+SHUTTING_DOWN = "shutting_down"
+
+
+class DuplicateRequest(ValueError):
+    """A request with this id is already streaming."""
+
+
+class EngineNotRunning(RuntimeError):
+    """generate() was called before start() or after stop()."""
+
+
+StepHook = Callable[[float, EngineStats], None]
+
+
+class AsyncEngine:
+    """Owns the engine thread; every engine call happens on that thread."""
+
+    def __init__(self, engine: Engine, *, on_step: StepHook | None = None) -> None:
+        self._engine = engine
+        self._on_step = on_step
+        self._cond = threading.Condition()
+        self._inbox: list[EngineRequest] = []
+        self._aborts: list[str] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._stats = engine.stats()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop the streams will live on."""
+        if self._thread is not None:
+            raise RuntimeError("the engine loop was already started")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="sluice-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the thread; live streams end with an `error` event (`shutting_down`)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        await asyncio.sleep(0)  # let the final deliveries run
+
+    def stats(self) -> EngineStats:
+        """The snapshot after the last step; requests not yet handed over count as waiting."""
+        with self._cond:
+            return replace(self._stats, waiting=self._stats.waiting + len(self._inbox))
+
+    def has_stream(self, request_id: str) -> bool:
+        return request_id in self._streams
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a live stream's request; False for an unknown or finished id. Idempotent."""
+        if request_id not in self._streams:
+            return False
+        self._send_abort(request_id)
+        return True
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield the worker-api events of one request: `start`, then what the engine produces."""
+        if not self.is_running:
+            raise EngineNotRunning("the engine loop is not running")
+        if request.request_id in self._streams:
+            raise DuplicateRequest(f"request {request.request_id!r} is already running")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        with self._cond:
+            self._inbox.append(request)
+            self._cond.notify()
+        try:
+            yield protocol.start_event(len(request.prompt_ids))
+            while True:
+                output = await queue.get()
+                for event in output.events:
+                    yield event
+                if output.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            self._send_abort(request.request_id)
+            raise
+        finally:
+            if self._streams.get(request.request_id) is queue:
+                del self._streams[request.request_id]
+
+    # -- the loop side ---------------------------------------------------------------------------
+
+    def _send_abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborts.append(request_id)
+            self._cond.notify()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            queue = self._streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
+        if not outputs or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    # -- the engine thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        while True:
+            with self._cond:
+                while not (
+                    self._inbox or self._aborts or self._stopping or engine.has_unfinished()
+                ):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                # NOTE: hand-over and snapshot under one lock, so stats() never misses a
+                # request that has left the inbox but is not yet in the snapshot.
+                outputs = self._admit(self._inbox)
+                self._inbox = []
+                for request_id in self._aborts:
+                    engine.abort(request_id)
+                self._aborts = []
+                self._stats = engine.stats()
+            if engine.has_unfinished():
+                outputs += self._step()
+            with self._cond:
+                self._stats = engine.stats()
+            self._hand_over(outputs)
+        message = "the worker is shutting down"
+        with self._cond:
+            never_started, self._inbox = self._inbox, []
+        event = protocol.error_event(SHUTTING_DOWN, message)
+        outputs = [RequestOutput(r.request_id, [event], finished=True) for r in never_started]
+        self._hand_over(outputs + engine.fail_all(SHUTTING_DOWN, message))
+
+    def _admit(self, new: list[EngineRequest]) -> list[RequestOutput]:
+        outputs = []
+        for request in new:
+            try:
+                self._engine.add_request(request)
+            except ValueError as e:
+                event = protocol.error_event("duplicate_request_id", str(e))
+                outputs.append(RequestOutput(request.request_id, [event], finished=True))
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
+        try:
+            outputs = self._engine.step()
+        except Exception as e:  # NOTE: a bug in the engine itself: fail what is live, keep going
+            log.error("engine step failed", error=type(e).__name__)
+            outputs = self._engine.fail_all(ENGINE_ERROR, "the engine failed")
+        if self._on_step is not None:
+            self._on_step(time.perf_counter() - started, self._engine.stats())
+        return outputs

@@ -1,0 +1,141 @@
+"""`sluice worker`: serve one model over the worker API until SIGTERM/SIGINT.
+
+`add_worker_arguments` and `run_worker` are what gateway/cli.py wires into the `sluice` script;
+`python -m workers.cli` runs the same thing on its own. Every flag also reads `SLUICE_<FLAG>`
+from the environment (flags win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from aiohttp import web
+
+from workers.app_keys import SERVICE
+from workers.config import DEVICES, DTYPES, WorkerConfig
+from workers.server import create_worker_app
+
+log = structlog.get_logger("sluice.worker")
+
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def _env(flag: str) -> str | None:
+    return os.environ.get("SLUICE_" + flag.upper().replace("-", "_"))
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags; each defaults to its `SLUICE_<FLAG>` environment variable."""
+    parser.add_argument(
+        "--model",
+        default=_env("model") or "default",
+        help="local Hugging Face model folder, or 'default' (SmolLM2-135M-Instruct)",
+    )
+    port = _env("port")
+    parser.add_argument(
+        "--port", type=int, default=port, required=port is None, help="port to listen on"
+    )
+    parser.add_argument("--host", default=_env("host") or "127.0.0.1", help="address to bind")
+    parser.add_argument(
+        "--device", choices=DEVICES, default=_env("device") or "auto", help="auto: cuda if present"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=_env("dtype") or "auto",
+        help="auto: bf16 where the hardware has it natively, else fp16 (CUDA) or fp32 (CPU)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=_env("max-num-seqs") or 32,
+        help="sequences running at once; the rest wait (FIFO)",
+    )
+
+
+def configure_logging() -> None:
+    """JSON lines on stderr, unless the embedding program configured structlog already."""
+    if not structlog.is_configured():
+        structlog.configure(
+            processors=[
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso"),
+                structlog.processors.JSONRenderer(),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        )
+    # transformers' progress bars and advice are noise in a server's log
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def serve(config: WorkerConfig) -> int:
+    """Listen at once (503 while loading), log `worker ready`, run until a signal. Exit code."""
+    app = create_worker_app(config)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+    except OSError as e:
+        log.error("cannot listen", host=config.host, port=config.port, error=e.strerror)
+        await runner.cleanup()
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    service = app[SERVICE]
+    waits = [asyncio.create_task(e.wait()) for e in (service.ready, service.failed, stop)]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    code = 1 if service.failed.is_set() else 0
+    if service.ready.is_set() and not stop.is_set():
+        port = runner.addresses[0][1]
+        log.info("worker ready", host=config.host, port=port, model=service.model_info()["id"])
+        await asyncio.wait(waits[1:], return_when=asyncio.FIRST_COMPLETED)
+        code = 1 if service.failed.is_set() else 0
+    for task in waits:
+        task.cancel()
+    log.info("worker stopping")
+    await runner.cleanup()
+    return code
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Entry point for `sluice worker`; returns the process exit code."""
+    configure_logging()
+    try:
+        config = WorkerConfig(
+            model=args.model,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+        )
+    except ValueError as e:
+        log.error("bad worker settings", error=str(e))
+        return 2
+    return asyncio.run(serve(config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sluice worker", description=__doc__.splitlines()[0])
+    add_worker_arguments(parser)
+    return run_worker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The worker's HTTP API (docs/worker-api.md): thin routes over `WorkerService`.
+
+Routes parse and delegate; protocol.py knows the field names; errors become OpenAI-shaped bodies
+here, in one place, and never carry a stack trace. A closed connection aborts its request: the
+handler is cancelled (the CLI runs aiohttp with `handler_cancellation`) or its next write fails,
+and either way the stream generator is closed, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from workers import protocol
+from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
+from workers.async_engine import DuplicateRequest, EngineNotRunning
+from workers.config import WorkerConfig
+from workers.protocol import BadRequest
+from workers.service import LoadedModel, WorkerService
+
+log = structlog.get_logger("sluice.worker.http")
+
+NDJSON = "application/x-ndjson"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, code: str, param: str | None = None) -> web.Response:
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    return _json(protocol.error_body(message, code, param, type_), status)
+
+
+def _not_ready() -> web.Response:
+    return _error(503, "the worker is not ready", "not_ready")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one place an unexpected error becomes a stable 500 (logged without a trace)."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        log.error("request failed", path=request.path, error=type(e).__name__)
+        return _error(500, "internal error", "internal_error")
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        raise BadRequest("the body is not valid JSON", None, "invalid_json") from None
+
+
+async def health(request: web.Request) -> web.Response:
+    if not request.app[SERVICE].is_ready:
+        return _json({"status": "loading"}, 503)
+    return _json({"status": "ok"})
+
+
+async def model(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return _json(service.model_info()) if service.is_ready else _not_ready()
+
+
+async def stats(request: web.Request) -> web.Response:
+    snapshot = request.app[SERVICE].stats()
+    if snapshot is None:
+        return _not_ready()
+    return _json(
+        {
+            "waiting": snapshot.waiting,
+            "running": snapshot.running,
+            "kv_blocks_used": snapshot.kv_blocks_used,
+            "kv_blocks_total": snapshot.kv_blocks_total,
+            "prefix_cache_hits": snapshot.prefix_cache_hits,
+            "prefix_cache_queries": snapshot.prefix_cache_queries,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def abort(request: web.Request) -> web.Response:
+    try:
+        body = await _read_json(request)
+    except BadRequest as e:
+        return _error(400, e.message, e.code, e.param)
+    request_id = body.get("request_id") if isinstance(body, dict) else None
+    if not isinstance(request_id, str) or not request_id:
+        return _error(400, "request_id must be a non-empty string", "invalid_type", "request_id")
+    return _json({"aborted": request.app[SERVICE].abort(request_id)})
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    if not service.is_ready:
+        return _not_ready()
+    try:
+        parsed = protocol.parse_generate(await _read_json(request))
+        engine_request = await service.prepare(parsed)
+    except BadRequest as e:
+        return _error(400, e.message, e.code, e.param)
+    events = service.generate(engine_request)
+    async with contextlib.aclosing(events):
+        try:  # the `start` line comes first; a refused request fails before the 200
+            first = await anext(events)
+        except DuplicateRequest:
+            return _error(
+                400, "request_id is already running", "duplicate_request_id", "request_id"
+            )
+        except EngineNotRunning:
+            return _not_ready()
+        response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        try:
+            await _stream(response, first, events)
+        except ConnectionResetError:  # the client went away; closing `events` aborts the request
+            log.info("client disconnected", request_id=engine_request.request_id)
+            return response
+        except Exception as e:  # after the 200: one error line, logged here without a trace
+            log.error("stream failed", request_id=engine_request.request_id, error=type(e).__name__)
+            line = protocol.error_event("internal_error", "the stream failed")
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(orjson.dumps(line) + b"\n")
+    await response.write_eof()
+    return response
+
+
+async def _stream(
+    response: web.StreamResponse, first: dict[str, Any], events: AsyncIterator[dict[str, Any]]
+) -> None:
+    await response.write(orjson.dumps(first) + b"\n")
+    async for event in events:
+        await response.write(orjson.dumps(event) + b"\n")
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Start loading in the background (the port is open, /health says 503 meanwhile)."""
+    service = app[SERVICE]
+    task = asyncio.create_task(service.start())
+    yield
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await service.stop()
+
+
+async def _end_streams(app: web.Application) -> None:
+    """On shutdown, before aiohttp waits for handlers: live streams end with an error line."""
+    await app[SERVICE].stop()
+
+
+def create_worker_app(
+    config: WorkerConfig, *, loaded: LoadedModel | None = None
+) -> web.Application:
+    """The worker app. `loaded` skips loading (tests reuse a model already in memory)."""
+    app = web.Application(middlewares=[_errors])
+    registry = CollectorRegistry()
+    service = WorkerService(config, registry, loaded)
+    app[CONFIG] = config
+    app[REGISTRY] = registry
+    app[METRICS] = service.metrics
+    app[SERVICE] = service
+    app.cleanup_ctx.append(_service_ctx)
+    app.on_shutdown.append(_end_streams)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/model", model)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_post("/v1/generate", generate)
+    app.router.add_post("/v1/abort", abort)
+    return app

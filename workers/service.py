@@ -1,0 +1,186 @@
+"""The worker behind the HTTP routes: loads the model, runs the engine loop, prepares requests.
+
+Loading happens on a daemon thread after the server is already listening, so `/health` can say
+503 during a first-use conversion of the default model, and SIGTERM is never stuck behind it.
+Prompts are rendered on one helper thread: the event loop only parses JSON and moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from workers import protocol
+from workers.async_engine import AsyncEngine
+from workers.chat import ChatTemplateError, render_prompt
+from workers.config import WorkerConfig
+from workers.engine import Engine, EngineStats
+from workers.metrics import WorkerMetrics
+from workers.model_loader import (
+    context_length,
+    dtype_name,
+    load_model,
+    resolve_model_path,
+    served_model_id,
+)
+from workers.protocol import BadRequest, GenerateBody
+from workers.request import EngineRequest
+
+log = structlog.get_logger("sluice.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model and tokenizer already in memory, and the id they are served under."""
+
+    model: Any
+    tokenizer: Any
+    model_id: str
+
+
+def load_configured_model(config: WorkerConfig) -> LoadedModel:
+    """Resolve, convert if needed, and load the model that `config` names (blocking)."""
+    path = resolve_model_path(config.model)
+    model, tokenizer = load_model(path, config.device, config.dtype)
+    return LoadedModel(model, tokenizer, served_model_id(config.model, path))
+
+
+class WorkerService:
+    """One per app: the loaded model, the engine loop and the tokenizing thread."""
+
+    def __init__(
+        self, config: WorkerConfig, registry: CollectorRegistry, loaded: LoadedModel | None = None
+    ) -> None:
+        self.config = config
+        self.metrics = WorkerMetrics(registry, self.stats)
+        self._preloaded = loaded
+        self._loaded: LoadedModel | None = None
+        self._engine: AsyncEngine | None = None
+        self._tokenize: ThreadPoolExecutor | None = None
+        self.ready = asyncio.Event()
+        self.failed = asyncio.Event()
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ready.is_set() and self._engine is not None and self._engine.is_running
+
+    async def start(self) -> None:
+        """Load (on a daemon thread) and start the engine loop; sets `ready` or `failed`."""
+        try:
+            loaded = self._preloaded or await self._load_in_background()
+            engine = Engine(loaded.model, loaded.tokenizer, max_num_seqs=self.config.max_num_seqs)
+            self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
+            self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
+            self._engine.start()
+            self._loaded = loaded
+            self.ready.set()
+        except Exception as e:  # the edge: reported by the CLI, which exits non-zero
+            log.error("worker failed to start", error=type(e).__name__, message=str(e))
+            self.failed.set()
+
+    async def _load_in_background(self) -> LoadedModel:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[LoadedModel] = loop.create_future()
+
+        def load() -> None:
+            result, error = None, None
+            try:
+                result = load_configured_model(self.config)
+            except BaseException as e:  # handed to the loop, which logs it and exits non-zero
+                error = e
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker is exiting
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+        threading.Thread(target=load, name="sluice-load", daemon=True).start()
+        return await future
+
+    async def stop(self) -> None:
+        """End every live stream and the engine thread (idempotent)."""
+        if self._engine is not None:
+            await self._engine.stop()
+        if self._tokenize is not None:
+            self._tokenize.shutdown(wait=False, cancel_futures=True)
+
+    def stats(self) -> EngineStats | None:
+        return self._engine.stats() if self._engine is not None else None
+
+    def model_info(self) -> dict[str, Any]:
+        loaded = self._require_loaded()
+        model = loaded.model
+        return {
+            "id": loaded.model_id,
+            "max_model_len": context_length(model.config),
+            "vocab_size": model.config.vocab_size,
+            "device": next(model.parameters()).device.type,
+            "dtype": dtype_name(model.dtype),
+            "api_version": protocol.API_VERSION,
+        }
+
+    async def prepare(self, body: GenerateBody) -> EngineRequest:
+        """Render and check the prompt; raises BadRequest (param named) before any stream."""
+        loaded = self._require_loaded()
+        engine = self._require_engine()
+        if engine.has_stream(body.request_id):
+            raise BadRequest("request_id is already running", "request_id", "duplicate_request_id")
+        config = loaded.model.config
+        vocab = config.vocab_size
+        if any(t >= vocab for t in body.params.stop_token_ids):
+            raise BadRequest(f"stop_token_ids must be below {vocab}", "stop_token_ids")
+        loop = asyncio.get_running_loop()
+        try:
+            prompt_ids = await loop.run_in_executor(
+                self._tokenize, render_prompt, loaded.tokenizer, body.messages
+            )
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), "messages") from None
+        _check_context(len(prompt_ids), body.params.max_tokens, context_length(config))
+        return EngineRequest(body.request_id, prompt_ids, body.params)
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:
+        return self._require_engine().generate(request)
+
+    def abort(self, request_id: str) -> bool:
+        return self._engine.abort(request_id) if self._engine is not None else False
+
+    def _require_loaded(self) -> LoadedModel:
+        if self._loaded is None:
+            raise RuntimeError("the model is not loaded yet")
+        return self._loaded
+
+    def _require_engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("the engine is not running yet")
+        return self._engine
+
+
+def _check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+    if prompt_len >= max_model_len:
+        raise BadRequest(
+            f"the prompt is {prompt_len} tokens; this model's context is {max_model_len}",
+            "messages",
+            "context_length_exceeded",
+        )
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise BadRequest(
+            f"max_tokens is {max_tokens} but only {max_model_len - prompt_len} tokens are left "
+            f"after the {prompt_len}-token prompt",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
