@@ -90,6 +90,9 @@ class AsyncEngine:
         self._send_abort(request_id)
         return True
 
+    def fits(self, prompt_len: int, max_tokens: int | None) -> bool:
+        return self._engine.fits(prompt_len, max_tokens)
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield the worker-api events of one request: `start`, then what the engine produces."""
         if not self.is_running:

@@ -58,6 +58,28 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("max-num-seqs") or 32,
         help="sequences running at once; the rest wait (FIFO)",
     )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=_env("max-num-batched-tokens") or 512,
+        help="token budget of one engine step (decodes plus prefill chunks)",
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=_env("block-size") or 16, help="tokens per KV block"
+    )
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--kv-cache-memory",
+        default=_env("kv-cache-memory") or "2GiB",
+        help="memory for the paged KV cache, e.g. 2GiB (capped at what max-num-seqs can use)",
+    )
+    num_blocks = _env("num-kv-blocks")
+    kv.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=int(num_blocks) if num_blocks else None,
+        help="exact number of KV blocks (instead of --kv-cache-memory)",
+    )
 
 
 def configure_logging() -> None:
@@ -124,6 +146,10 @@ def run_worker(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory=args.kv_cache_memory,
         )
     except ValueError as e:
         log.error("bad worker settings", error=str(e))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.kv_cache import parse_bytes
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -18,6 +20,10 @@ class WorkerConfig:
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
+    kv_cache_memory: str = "2GiB"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -26,5 +32,19 @@ class WorkerConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, not {self.max_num_seqs}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be at least 1, not {self.num_kv_blocks}")
+        parse_bytes(self.kv_cache_memory)  # raises ValueError on a bad size
+
+    def engine_kwargs(self) -> dict[str, object]:
+        """The engine's sizing, as `Engine(...)` keyword arguments."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "num_kv_blocks": self.num_kv_blocks,
+            "kv_cache_memory": self.kv_cache_memory,
+        }

@@ -1,16 +1,17 @@
 """The synchronous engine: `step()` = apply aborts → schedule → run → sample → postprocess.
 
 Single-threaded by design: only the engine loop's thread calls it (see async_engine.py), so
-aborts recorded between steps take effect at the next step boundary. The core is the simple one
-(FIFO admission up to `max_num_seqs` sequences, one DynamicCache per sequence, see
-model_runner.py); the paged-KV scheduler of the next milestone replaces it behind this interface.
-One request's failure never stops the loop: that request gets an `error` event, the rest go on.
+aborts recorded between steps take effect at the next step boundary. The scheduler owns the
+queues, the block manager the KV blocks, the model runner the tensors (STYLE: one owner each).
+A request's `n` choices share one prompt prefill: the first sequence computes the prompt, and when
+it samples its first token the others fork from it (full blocks shared, the partial last block
+copied) and sample from the same logits row. A step whose forward pass fails fails the requests
+in that step; the loop goes on.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,16 +19,24 @@ import structlog
 import torch
 
 from workers import protocol
+from workers.block_manager import BlockManager
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
+from workers.kv_cache import CacheShape, KVCache, blocks_for_budget, parse_bytes
 from workers.model_loader import context_length
 from workers.model_runner import ModelRunner
 from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, Sequence
 from workers.sampler import Sampler
+from workers.scheduler import Scheduler
 from workers.stop import StopContext, StopStringHoldback, check_stop
 
 log = structlog.get_logger("sluice.worker.engine")
 
 ENGINE_ERROR = "engine_error"
+DEFAULT_KV_CACHE_MEMORY = "2GiB"
+
+
+class CapacityError(ValueError):
+    """The request can never fit in the KV cache (prompt plus max_tokens)."""
 
 
 @dataclass(slots=True)
@@ -41,7 +50,7 @@ class RequestOutput:
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot for /v1/stats and /metrics. KV and prefix-cache fields stay 0 until paged KV."""
+    """A snapshot for /v1/stats and /metrics."""
 
     waiting: int
     running: int
@@ -83,7 +92,7 @@ def _seed_for(seed: int | None, index: int) -> int:
 
 
 class Engine:
-    """Runs requests to completion, one token per live sequence per step."""
+    """Continuous batching over a paged KV cache."""
 
     def __init__(
         self,
@@ -92,19 +101,31 @@ class Engine:
         *,
         max_num_seqs: int = 32,
         max_model_len: int | None = None,
+        max_num_batched_tokens: int = 512,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY,
+        prefix_caching: bool = True,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
-        self.runner = ModelRunner(model)
         self.vocab_size: int = model.config.vocab_size
         self.max_model_len: int = max_model_len or context_length(model.config)
         self.max_num_seqs = max_num_seqs
+        shape = CacheShape.of(model.config, next(model.parameters()).dtype)
+        if num_kv_blocks is None:
+            # never more than every running sequence at full context could use
+            cap = max_num_seqs * -(-self.max_model_len // block_size)
+            num_kv_blocks = blocks_for_budget(shape, block_size, parse_bytes(kv_cache_memory), cap)
+        device = next(model.parameters()).device
+        self.cache = KVCache(shape, num_kv_blocks, block_size, device)
+        self.blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(model, self.cache)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
         self.stop_ctx = StopContext(_eos_ids(model, tokenizer), self.max_model_len)
         self._requests: dict[str, Request] = {}
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []
         self._abort_pending: set[str] = set()
         self._generated_total = 0
         self._last_step_tokens = 0
@@ -112,12 +133,15 @@ class Engine:
     # -- the interface --------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request (FIFO). Raises ValueError if its id is already live."""
+        """Queue a request. Raises ValueError if its id is live, CapacityError if it can never
+        fit in the KV cache."""
         if request.request_id in self._requests:
             raise ValueError(f"request {request.request_id!r} is already running")
         params = request.params
         budget = self.max_model_len - len(request.prompt_ids)
         max_tokens = min(params.max_tokens or budget, budget)
+        if not self.fits(len(request.prompt_ids), max_tokens):
+            raise CapacityError("the prompt plus max_tokens does not fit in this worker's KV cache")
         sequences = [
             Sequence(
                 request_id=request.request_id,
@@ -133,7 +157,13 @@ class Engine:
         ]
         req = Request(request.request_id, request.prompt_ids, params, sequences)
         self._requests[req.request_id] = req
-        self._waiting.append(req)
+        req.status = RequestStatus.RUNNING
+        self.scheduler.add(sequences[0])  # the others fork from it once the prompt is computed
+
+    def fits(self, prompt_len: int, max_tokens: int | None) -> bool:
+        """Whether a request could ever run: one sequence's tokens within the whole cache."""
+        total = min(prompt_len + (max_tokens or self.max_model_len), self.max_model_len)
+        return self.blocks.blocks_for(total) <= self.blocks.num_blocks
 
     def abort(self, request_id: str) -> bool:
         """Mark a live request for abort at the next step; unknown or finished ids are a no-op."""
@@ -147,20 +177,40 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats(
-            waiting=len(self._waiting),
-            running=len(self._running),
+            waiting=len({s.request_id for s in self.scheduler.waiting}),
+            running=len({s.request_id for s in self.scheduler.running}),
             generated_tokens_total=self._generated_total,
             last_step_tokens=self._last_step_tokens,
+            preemptions_total=self.scheduler.preemptions,
+            kv_blocks_used=self.blocks.num_used,
+            kv_blocks_total=self.blocks.num_blocks,
+            prefix_cache_hits=self.blocks.prefix_hits,
+            prefix_cache_queries=self.blocks.prefix_queries,
         )
 
     def step(self) -> list[RequestOutput]:
-        """Advance every running sequence by one token; return the events this produced."""
+        """Run one scheduled batch; return the events it produced."""
         outputs: dict[str, RequestOutput] = {}
         self._apply_aborts(outputs)
-        self._schedule()
-        rows, logits = self._run(outputs)
-        if rows:
-            self._sample_and_postprocess(rows, logits, outputs)
+        scheduled = self.scheduler.schedule()
+        self._last_step_tokens = scheduled.num_tokens
+        if scheduled.work:
+            try:
+                samplers, logits = self.runner.execute(scheduled.work)
+            except Exception as e:  # NOTE: the edge: this step's requests fail, the loop goes on.
+                for request_id in {s.request_id for s, _ in scheduled.work}:
+                    _log_failure("forward", request_id, e)
+                    self._fail(
+                        self._requests[request_id],
+                        ENGINE_ERROR,
+                        "the model failed on this request",
+                        outputs,
+                    )
+            else:
+                for seq, new in scheduled.work:
+                    seq.num_computed_tokens += new
+                    self.blocks.register_computed(seq)
+                self._sample_and_postprocess(samplers, logits, outputs)
         self._retire(outputs)
         return list(outputs.values())
 
@@ -187,75 +237,77 @@ class Engine:
     def _apply_aborts(self, outputs: dict[str, RequestOutput]) -> None:
         for request_id in sorted(self._abort_pending):
             req = self._requests.get(request_id)
-            if req is None or req.is_finished:
+            if req is None or req.status.is_finished:
                 continue
             for seq in req.live_sequences():
                 self._finish_sequence(seq, RequestStatus.FINISHED_ABORTED, outputs)
         self._abort_pending.clear()
 
-    def _schedule(self) -> None:
-        """FIFO admission; a request needs one slot per sequence (a lone request always fits)."""
-        used = sum(len(r.live_sequences()) for r in self._running)
-        while self._waiting:
-            req = self._waiting[0]
-            if self._running and used + len(req.sequences) > self.max_num_seqs:
-                break
-            self._waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            for seq in req.sequences:
-                seq.status = RequestStatus.RUNNING
-            self._running.append(req)
-            used += len(req.sequences)
-
-    def _run(self, outputs: dict[str, RequestOutput]) -> tuple[list[Sequence], list[torch.Tensor]]:
-        rows: list[Sequence] = []
-        logits: list[torch.Tensor] = []
-        tokens = 0
-        for req in self._running:
-            if req.is_finished:
+    def _fork_children(self, leader: Sequence) -> list[Sequence]:
+        """The leader just computed the prompt: its siblings start from its KV."""
+        req = self._requests[leader.request_id]
+        children = [
+            s
+            for s in req.sequences[1:]
+            if s.status == RequestStatus.WAITING
+            and not s.block_table
+            and s not in self.scheduler.waiting
+        ]
+        forked = []
+        for child in children:
+            # the leader's admission reserved the slots; blocks may still have run short
+            if not self.blocks.can_fork(leader):
+                self.scheduler.add(child)  # computes the prompt itself, mostly from the cache
                 continue
-            try:
-                for seq in req.live_sequences():
-                    ids = self.runner.input_ids_for(seq.key, seq.prompt_ids, seq.output_ids)
-                    logits.append(self.runner.forward(seq.key, ids))
-                    rows.append(seq)
-                    tokens += len(ids)
-            except Exception as e:  # NOTE: the edge: this request fails, the loop goes on.
-                _log_failure("forward", req.request_id, e)
-                keep = [i for i, s in enumerate(rows) if s.request_id != req.request_id]
-                rows, logits = [rows[i] for i in keep], [logits[i] for i in keep]
-                self._fail(req, ENGINE_ERROR, "the model failed on this request", outputs)
-        self._last_step_tokens = tokens
-        return rows, logits
+            partial = self.blocks.fork(leader, child)
+            if partial is not None:
+                self.cache.copy_block(partial, child.block_table[-1])
+            self.scheduler.admit_running(child)
+            forked.append(child)
+        return forked
 
     def _sample_and_postprocess(
-        self,
-        rows: list[Sequence],
-        logits: list[torch.Tensor],
-        outputs: dict[str, RequestOutput],
+        self, samplers: list[Sequence], logits: torch.Tensor, outputs: dict[str, RequestOutput]
     ) -> None:
+        rows, row_index = [], []
+        for i, seq in enumerate(samplers):
+            if seq.status.is_finished:
+                continue
+            rows.append(seq)
+            row_index.append(i)
+            if seq.index == 0 and not seq.output_ids and seq.params.n > 1:
+                for child in self._fork_children(seq):
+                    rows.append(child)
+                    row_index.append(i)
+        if not rows:
+            return
+        if row_index != list(range(len(samplers))):
+            logits = logits[torch.tensor(row_index, device=logits.device)]
         try:
-            result = self.sampler.sample(torch.stack(logits), rows)
-            picks = list(zip(rows, result.token_ids, result.logprobs, strict=True))
-        except Exception:  # a bad row must not sink the batch: retry row by row to find it
-            picks = []
-            for seq, row_logits in zip(rows, logits, strict=True):
-                try:
-                    one = self.sampler.sample(row_logits.unsqueeze(0), [seq])
-                    picks.append((seq, one.token_ids[0], one.logprobs[0]))
-                except Exception as e:
-                    _log_failure("sampling", seq.request_id, e)
-                    req = self._requests[seq.request_id]
-                    self._fail(req, ENGINE_ERROR, "sampling failed for this request", outputs)
-        for seq, token_id, logprob in picks:
+            result = self.sampler.sample(logits, rows)
+        except Exception as e:  # a bad row must not sink the batch: fail the requests in it
+            for request_id in {s.request_id for s in rows}:
+                _log_failure("sampling", request_id, e)
+                self._fail(
+                    self._requests[request_id],
+                    ENGINE_ERROR,
+                    "sampling failed for this request",
+                    outputs,
+                )
+            return
+        for seq, token_id, logprob in zip(rows, result.token_ids, result.logprobs, strict=True):
             if seq.status.is_finished:
                 continue
             try:
                 self._postprocess(seq, token_id, logprob, outputs)
             except Exception as e:
                 _log_failure("decoding", seq.request_id, e)
-                req = self._requests[seq.request_id]
-                self._fail(req, ENGINE_ERROR, "decoding failed for this request", outputs)
+                self._fail(
+                    self._requests[seq.request_id],
+                    ENGINE_ERROR,
+                    "decoding failed for this request",
+                    outputs,
+                )
 
     def _postprocess(
         self,
@@ -287,7 +339,7 @@ class Engine:
         out.events.append(
             protocol.finish_event(seq.index, FINISH_REASON[status], seq.num_output_tokens)
         )
-        self.runner.free(seq.key)
+        self.scheduler.finish(seq)
 
     def _fail(
         self, req: Request, code: str, message: str, outputs: dict[str, RequestOutput]
@@ -296,7 +348,7 @@ class Engine:
             return
         for seq in req.sequences:
             seq.status = RequestStatus.FINISHED_ERROR
-            self.runner.free(seq.key)
+            self.scheduler.finish(seq)
         req.status = RequestStatus.FINISHED_ERROR
         out = self._out(outputs, req.request_id)
         out.events.append(protocol.error_event(code, message))
@@ -313,6 +365,3 @@ class Engine:
                 out.events.append(protocol.usage_event(len(req.prompt_ids), req.completion_tokens))
                 out.finished = True
             del self._requests[req.request_id]
-        self._running = [r for r in self._running if not r.is_finished]
-        if any(r.is_finished for r in self._waiting):
-            self._waiting = deque(r for r in self._waiting if not r.is_finished)

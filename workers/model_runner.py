@@ -1,54 +1,95 @@
-"""Owns the model's tensors: runs forward passes and keeps each sequence's KV cache.
+"""Owns the model's tensors: turns one scheduled step into a single forward pass.
 
-This is the simple placeholder core: one transformers `DynamicCache` per sequence and one forward
-per sequence per step. The paged-KV runner of the next milestone replaces this class behind the
-same two calls (`forward`, `free`), so the engine does not change.
+The step's new tokens (decodes first, then prefill chunks) are flattened into one row; positions,
+cache slots and per-sequence attention spans go to the paged attention function (attention.py)
+through the model's forward keyword arguments. Logits are computed only for the sequences that
+will sample a token this step.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+
+from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan
+from workers.kv_cache import KVCache
+from workers.request import Sequence
 
 
 class ModelRunner:
-    """Runs the model for one sequence at a time; caches keyed by the sequence's key."""
-
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, cache: KVCache) -> None:
         self.model = model
+        self.cache = cache
         self.device = next(model.parameters()).device
-        self._caches: dict[tuple[str, int], DynamicCache] = {}
-        # transformers 5 renamed `past_key_values` to `cache`; take whichever forward() knows.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.dtype = cache.shape.dtype
+        self.block_size = cache.block_size
+        model.set_attn_implementation(ATTENTION_NAME)
+        self._offsets = torch.arange(self.block_size, device=self.device)
 
-    @property
-    def num_cached(self) -> int:
-        return len(self._caches)
+    def _slots(self, seq: Sequence, start: int, stop: int) -> list[int]:
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
-    def input_ids_for(
-        self, key: tuple[str, int], prompt_ids: list[int], output_ids: list[int]
-    ) -> list[int]:
-        """What the next forward must feed: the whole prompt first, then one token at a time."""
-        if key not in self._caches:
-            return prompt_ids + output_ids
-        return output_ids[-1:]
+    def _decode_metadata(self, batch: PagedBatch, decodes: list[Sequence]) -> None:
+        lengths = torch.tensor([s.num_computed_tokens + 1 for s in decodes], device=self.device)
+        context = int(lengths.max())
+        width = -(-context // self.block_size)
+        tables = torch.tensor(
+            [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in decodes],
+            device=self.device,
+        )
+        slots = (tables.unsqueeze(-1) * self.block_size + self._offsets).view(len(decodes), -1)
+        batch.decode_slots = slots[:, :context].reshape(-1)
+        batch.decode_context = context
+        visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~visible, float("-inf"))
+        batch.decode_bias = bias.view(len(decodes), 1, 1, context)
+
+    def _prefill_span(self, seq: Sequence, start: int, new: int) -> PrefillSpan:
+        done = seq.num_computed_tokens
+        if done == 0:
+            return PrefillSpan(start, new)
+        context = done + new
+        slots = torch.tensor(self._slots(seq, 0, context), device=self.device)
+        rows = torch.arange(done, context, device=self.device).unsqueeze(1)
+        visible = torch.arange(context, device=self.device).unsqueeze(0) <= rows
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~visible, float("-inf"))
+        return PrefillSpan(start, new, slots, bias.view(1, 1, new, context))
 
     @torch.inference_mode()
-    def forward(self, key: tuple[str, int], input_ids: list[int]) -> torch.Tensor:
-        """Feed `input_ids` after what the cache holds; return the last position's logits."""
-        cache = self._caches.get(key)
-        if cache is None:
-            cache = DynamicCache(config=self.model.config)
-            self._caches[key] = cache
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        kwargs = {self._cache_kwarg: cache}
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]
-
-    def free(self, key: tuple[str, int]) -> None:
-        """Drop a sequence's cache; freeing an unknown key is a no-op."""
-        self._caches.pop(key, None)
+    def execute(self, work: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+        """Run one step; return the sequences that sample next and their logits rows [R, V]."""
+        decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
+        prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
+        ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]
+        positions: list[int] = [s.num_computed_tokens for s in decodes]
+        slots: list[int] = [
+            s.block_table[p // self.block_size] * self.block_size + p % self.block_size
+            for s, p in zip(decodes, positions, strict=True)
+        ]
+        samplers: list[Sequence] = list(decodes)
+        keep: list[int] = list(range(len(decodes)))
+        batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
+        if decodes:
+            self._decode_metadata(batch, decodes)
+        for seq, new in prefills:
+            start, done = len(ids), seq.num_computed_tokens
+            ids += seq.all_ids[done : done + new]
+            positions += range(done, done + new)
+            slots += self._slots(seq, done, done + new)
+            batch.prefills.append(self._prefill_span(seq, start, new))
+            if done + new == len(seq.all_ids):
+                samplers.append(seq)
+                keep.append(len(ids) - 1)
+        batch.slot_mapping = torch.tensor(slots, device=self.device)
+        out = self.model(
+            input_ids=torch.tensor([ids], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+            logits_to_keep=torch.tensor(keep, device=self.device),
+            use_cache=False,
+            paged_batch=batch,
+        )
+        return samplers, out.logits[0]

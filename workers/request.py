@@ -67,14 +67,32 @@ class Sequence:
     generator: torch.Generator | None
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
+    # paged KV state, owned by the block manager and the scheduler
+    all_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_hashed_blocks: int = 0
     hit_stop_string: bool = False
     unsent_text: list[str] = field(default_factory=list)
     unsent_tokens: int = 0
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.all_ids:
+            self.all_ids = list(self.prompt_ids)
+
     @property
     def key(self) -> tuple[str, int]:
         return (self.request_id, self.index)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output tokens: what the KV cache must hold."""
+        return self.all_ids
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.all_ids) - self.num_computed_tokens
 
     @property
     def prompt_len(self) -> int:
@@ -86,6 +104,7 @@ class Sequence:
 
     def append_token(self, token_id: int, logprob: dict[str, Any] | None) -> None:
         self.output_ids.append(token_id)
+        self.all_ids.append(token_id)
         self.unsent_tokens += 1
         if logprob is not None:
             self.unsent_logprobs.append(logprob)

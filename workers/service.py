@@ -76,7 +76,7 @@ class WorkerService:
         """Load (on a daemon thread) and start the engine loop; sets `ready` or `failed`."""
         try:
             loaded = self._preloaded or await self._load_in_background()
-            engine = Engine(loaded.model, loaded.tokenizer, max_num_seqs=self.config.max_num_seqs)
+            engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs())
             self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
             self._engine.start()
@@ -142,6 +142,13 @@ class WorkerService:
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None
         _check_context(len(prompt_ids), body.params.max_tokens, context_length(config))
+        if not engine.fits(len(prompt_ids), body.params.max_tokens):
+            raise BadRequest(
+                "the prompt plus max_tokens needs more KV cache than this worker has; "
+                "lower max_tokens",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return EngineRequest(body.request_id, prompt_ids, body.params)
 
     def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:

@@ -217,24 +217,30 @@ def test_logprobs_ride_on_the_text_lines_that_carry_their_tokens(engine: Engine,
         assert all(len(entry["top_logprobs"]) == 2 for entry in event["logprobs"])
 
 
-def test_one_failing_request_does_not_stop_the_others(engine: Engine, tiny, monkeypatch) -> None:
+def test_a_failing_forward_fails_its_step_and_the_loop_goes_on(
+    engine: Engine, tiny, monkeypatch
+) -> None:
     ids = prompt_ids(tiny[1], "Hello")
-    forward = engine.runner.forward
+    execute = engine.runner.execute
+    calls = []
 
-    def flaky(key, input_ids):
-        if key[0] == "bad":
+    def fails_once(work):
+        calls.append(len(work))
+        if len(calls) == 2:
             raise RuntimeError("boom")
-        return forward(key, input_ids)
+        return execute(work)
 
-    monkeypatch.setattr(engine.runner, "forward", flaky)
-    submit(engine, "good", ids, max_tokens=5, temperature=0.0)
-    submit(engine, "bad", ids, max_tokens=5, temperature=0.0)
-    results = run(engine)
-    assert results["bad"].events == [
-        {"type": "error", "code": "engine_error", "message": "the model failed on this request"}
-    ]
-    assert results["good"].finish()["completion_tokens"] == 5
-    assert engine.runner.num_cached == 0
+    monkeypatch.setattr(engine.runner, "execute", fails_once)
+    submit(engine, "early", ids, max_tokens=5, temperature=0.0)
+    engine.step()  # "early" prefills alone
+    submit(engine, "late", ids, max_tokens=5, temperature=0.0)
+    results = run(engine)  # the next step (both requests) fails
+    error = {"type": "error", "code": "engine_error", "message": "the model failed on this request"}
+    assert results["early"].events[-1] == error
+    assert results["late"].events == [error]
+    submit(engine, "after", ids, max_tokens=5, temperature=0.0)
+    assert run(engine)["after"].finish()["completion_tokens"] == 5
+    assert engine.blocks.num_used == 0
 
 
 def test_duplicate_live_request_id_is_refused(engine: Engine, tiny) -> None:

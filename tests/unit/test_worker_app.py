@@ -153,14 +153,8 @@ async def test_closing_the_connection_aborts(client) -> None:
     response.close()
     after = await wait_for_idle(client)
     assert await generated_tokens(client) < 200  # stopped long before max_tokens=1000
-    assert after == {
-        "waiting": 0,
-        "running": 0,
-        "kv_blocks_used": 0,
-        "kv_blocks_total": 0,
-        "prefix_cache_hits": 0,
-        "prefix_cache_queries": 0,
-    }
+    assert (after["waiting"], after["running"], after["kv_blocks_used"]) == (0, 0, 0)
+    assert after["kv_blocks_total"] > 0
 
 
 async def test_duplicate_live_request_id_is_400(client) -> None:

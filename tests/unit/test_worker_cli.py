@@ -18,7 +18,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MODEL", "PORT", "HOST", "DEVICE", "DTYPE", "MAX_NUM_SEQS"):
+    for name in (
+        "MODEL",
+        "PORT",
+        "HOST",
+        "DEVICE",
+        "DTYPE",
+        "MAX_NUM_SEQS",
+        "MAX_NUM_BATCHED_TOKENS",
+        "BLOCK_SIZE",
+        "KV_CACHE_MEMORY",
+        "NUM_KV_BLOCKS",
+    ):
         monkeypatch.delenv(f"SLUICE_{name}", raising=False)
 
 
@@ -31,6 +42,10 @@ def test_defaults() -> None:
         "device": "auto",
         "dtype": "auto",
         "max_num_seqs": 32,
+        "max_num_batched_tokens": 512,
+        "block_size": 16,
+        "kv_cache_memory": "2GiB",
+        "num_kv_blocks": None,
     }
 
 
@@ -41,6 +56,10 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_DEVICE", "cpu")
     monkeypatch.setenv("SLUICE_DTYPE", "float32")
     monkeypatch.setenv("SLUICE_MAX_NUM_SEQS", "4")
+    monkeypatch.setenv("SLUICE_MAX_NUM_BATCHED_TOKENS", "128")
+    monkeypatch.setenv("SLUICE_BLOCK_SIZE", "8")
+    monkeypatch.setenv("SLUICE_KV_CACHE_MEMORY", "64MiB")
+    monkeypatch.setenv("SLUICE_NUM_KV_BLOCKS", "100")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -48,6 +67,10 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "device": "cpu",
         "dtype": "float32",
         "max_num_seqs": 4,
+        "max_num_batched_tokens": 128,
+        "block_size": 8,
+        "kv_cache_memory": "64MiB",
+        "num_kv_blocks": 100,
     }
     assert parse(["--port", "9200", "--max-num-seqs", "8"]).port == 9200
     assert parse(["--max-num-seqs", "8"]).max_num_seqs == 8
@@ -65,7 +88,16 @@ def test_bad_choices_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"port": 70000}, {"device": "tpu"}, {"dtype": "int8"}, {"max_num_seqs": 0}],
+    [
+        {"port": 70000},
+        {"device": "tpu"},
+        {"dtype": "int8"},
+        {"max_num_seqs": 0},
+        {"block_size": 0},
+        {"max_num_batched_tokens": 0},
+        {"num_kv_blocks": 0},
+        {"kv_cache_memory": "lots"},
+    ],
 )
 def test_config_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):

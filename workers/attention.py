@@ -1,0 +1,111 @@
+"""Paged attention, plugged into transformers' own model classes through `AttentionInterface`.
+
+The model runs one flattened batch per step: every scheduled sequence's new tokens side by side
+in a single row. Each attention layer then (1) writes the new keys and values into their cache
+slots and (2) attends per sequence over that sequence's slots: all single-token decodes together
+in one SDPA call, padded to the longest context and masked; each prefill chunk on its own, causal.
+
+NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
+`repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
+one KV head: no KV expansion, and one mask row serves them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from workers.kv_cache import KVCache
+
+ATTENTION_NAME = "sluice_paged"
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    """One sequence's chunk of new tokens at `start` in the flattened batch."""
+
+    start: int
+    length: int
+    # None when the chunk starts the sequence: attend to its own new tokens, plain causal.
+    context_slots: torch.Tensor | None = None
+    bias: torch.Tensor | None = None  # [1, 1, length, context] additive causal mask
+
+
+@dataclass(slots=True)
+class PagedBatch:
+    """Where this step's tokens go in the cache and what each one attends to (all layers)."""
+
+    cache: KVCache
+    slot_mapping: torch.Tensor  # [T] cache slot of each new token
+    num_decode: int = 0  # the first `num_decode` tokens are one-token decodes
+    decode_slots: torch.Tensor | None = None  # [num_decode * max_context] slots to read
+    decode_context: int = 0
+    decode_bias: torch.Tensor | None = None  # [num_decode, 1, 1, max_context]
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Cache slots → [rows, kv_heads, length, head_dim]."""
+    picked = cache.index_select(0, slots)
+    return picked.view(rows, length, cache.shape[1], cache.shape[2]).transpose(1, 2)
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    batch: PagedBatch | None = kwargs.get("paged_batch")
+    if batch is None:  # the model used outside the engine (e.g. `generate`): plain SDPA
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    layer = module.layer_idx
+    keys, values = batch.cache.keys[layer], batch.cache.values[layer]
+    _, heads, tokens, head_dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    keys.index_copy_(0, batch.slot_mapping, key[0].transpose(0, 1))
+    values.index_copy_(0, batch.slot_mapping, value[0].transpose(0, 1))
+
+    out = query.new_empty(tokens, heads, head_dim)
+    nd = batch.num_decode
+    if nd:
+        q = query[0, :, :nd].transpose(0, 1).reshape(nd, kv_heads, group, head_dim)
+        k = _gather(keys, batch.decode_slots, nd, batch.decode_context)
+        v = _gather(values, batch.decode_slots, nd, batch.decode_context)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_bias, scale=scaling)
+        out[:nd] = o.reshape(nd, heads, head_dim)
+    for span in batch.prefills:
+        s, n = span.start, span.length
+        q = query[:, :, s : s + n]
+        if span.context_slots is None:
+            o = F.scaled_dot_product_attention(
+                q,
+                key[:, :, s : s + n],
+                value[:, :, s : s + n],
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=group > 1,
+            )
+        else:
+            length = span.context_slots.numel()
+            k = _gather(keys, span.context_slots, 1, length)
+            v = _gather(values, span.context_slots, 1, length)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=span.bias, scale=scaling, enable_gqa=group > 1
+            )
+        out[s : s + n] = o[0].transpose(0, 1)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)

@@ -1,0 +1,82 @@
+"""The paged KV cache: one preallocated pool of blocks per layer, sized from a memory budget.
+
+NOTE on layout: each layer holds keys and values as `[num_blocks * block_size, kv_heads,
+head_dim]`, so a token's slot is `block_id * block_size + offset` and writing a step's new K/V is
+one `index_copy_` per layer. The pool is zero-filled: attention masks the unused tail of a block,
+and zeros (unlike uninitialised memory) can never turn into NaN under that mask.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MiB', '1.5GB', '1000000' → bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a memory size: {text!r} (try '2GiB' or '512MiB')")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True, slots=True)
+class CacheShape:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, config: Any, dtype: torch.dtype) -> CacheShape:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype)
+
+    def bytes_per_block(self, block_size: int) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * block_size * self.kv_heads * self.head_dim * element
+
+
+def blocks_for_budget(shape: CacheShape, block_size: int, budget_bytes: int, cap: int) -> int:
+    """How many blocks fit in `budget_bytes`, but no more than `cap` (what could ever be used)."""
+    blocks = min(budget_bytes // shape.bytes_per_block(block_size), cap)
+    if blocks < 1:
+        raise ValueError("the KV cache budget is smaller than one block")
+    return blocks
+
+
+class KVCache:
+    """Owns the cache tensors; the attention function writes and reads them by slot."""
+
+    def __init__(
+        self, shape: CacheShape, num_blocks: int, block_size: int, device: torch.device
+    ) -> None:
+        self.shape = shape
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        slots = num_blocks * block_size
+        size = (shape.num_layers, slots, shape.kv_heads, shape.head_dim)
+        self.keys = torch.zeros(size, dtype=shape.dtype, device=device)
+        self.values = torch.zeros(size, dtype=shape.dtype, device=device)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's K/V in every layer (a forked sequence's own copy of a shared tail)."""
+        bs = self.block_size
+        self.keys[:, dst * bs : (dst + 1) * bs] = self.keys[:, src * bs : (src + 1) * bs]
+        self.values[:, dst * bs : (dst + 1) * bs] = self.values[:, src * bs : (src + 1) * bs]

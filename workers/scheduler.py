@@ -1,0 +1,116 @@
+"""Owns the queues: which sequences run this step and how many new tokens each computes.
+
+Every step mixes the running sequences' work (a decode is one new token; a prompt still being
+prefilled takes a chunk) with newly admitted sequences, under a token budget
+(`max_num_batched_tokens`) and a cap on running sequences (`max_num_seqs`). A sequence is admitted
+only when the block manager has blocks for all its tokens. When a running sequence needs a block
+and none is free, the newest running sequence is preempted: its blocks are freed, its computed
+tokens forgotten, and it goes back to the front of the queue to be recomputed later (its full
+blocks usually come straight back from the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from workers.block_manager import BlockManager
+from workers.request import RequestStatus, Sequence
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """This step's work: (sequence, new tokens) pairs, in schedule order."""
+
+    work: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.work)
+
+
+class Scheduler:
+    def __init__(
+        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = RequestStatus.WAITING
+        self.waiting.append(seq)
+
+    def admit_running(self, seq: Sequence) -> None:
+        """A sequence that already holds computed blocks (a fork) joins the running set."""
+        seq.status = RequestStatus.RUNNING
+        self.running.append(seq)
+
+    @staticmethod
+    def _slots(seq: Sequence) -> int:
+        """A prompt with `n` choices holds a slot for each sibling that will fork from it."""
+        return seq.params.n if seq.index == 0 and not seq.output_ids else 1
+
+    def has_room(self, seq: Sequence | None = None) -> bool:
+        """Whether `seq` (or one more sequence) may run within `max_num_seqs`."""
+        used = sum(self._slots(s) for s in self.running)
+        need = 1 if seq is None else self._slots(seq)
+        return not self.running or used + need <= self.max_num_seqs
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and release its blocks (idempotent)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.blocks.free(seq)
+
+    def schedule(self) -> ScheduledStep:
+        step = ScheduledStep()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            new = min(seq.num_uncomputed, budget)
+            target = seq.num_computed_tokens + new
+            while not self.blocks.can_grow(seq, target) and self.running[-1] is not seq:
+                step.preempted.append(self._preempt(self.running[-1]))
+            if not self.blocks.can_grow(seq, target):
+                step.preempted.append(self._preempt(seq))  # it is the newest now
+                break
+            self.blocks.grow(seq, target)
+            step.work.append((seq, new))
+            budget -= new
+            i += 1
+        if not step.preempted:
+            budget = self._admit(step, budget)
+        return step
+
+    def _admit(self, step: ScheduledStep, budget: int) -> int:
+        while self.waiting and budget > 0 and self.has_room(self.waiting[0]):
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq)
+            seq.status = RequestStatus.RUNNING
+            self.running.append(seq)
+            new = min(seq.num_uncomputed, budget)
+            step.work.append((seq, new))
+            budget -= new
+        return budget
+
+    def _preempt(self, seq: Sequence) -> Sequence:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = RequestStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+        return seq
