@@ -52,7 +52,7 @@ class ModelRunner:
         if done == 0:
             return PrefillSpan(start, new)
         context = done + new
-        slots = torch.tensor(self._slots(seq, 0, context), device=self.device)
+        slots = torch.tensor(self._slots(seq, 0, context), dtype=torch.long, device=self.device)
         rows = torch.arange(done, context, device=self.device).unsqueeze(1)
         visible = torch.arange(context, device=self.device).unsqueeze(0) <= rows
         bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
@@ -84,11 +84,11 @@ class ModelRunner:
             if done + new == len(seq.all_ids):
                 samplers.append(seq)
                 keep.append(len(ids) - 1)
-        batch.slot_mapping = torch.tensor(slots, device=self.device)
+        batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=torch.tensor([positions], device=self.device),
-            logits_to_keep=torch.tensor(keep, device=self.device),
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             use_cache=False,
             paged_batch=batch,
         )
