@@ -107,27 +107,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.cli import run_worker
-
-    return run_worker(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the gateway (and, by default, one local worker)")
     _add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
-    from workers.cli import add_worker_arguments
-
-    worker = sub.add_parser("worker", help="run one model worker")
-    add_worker_arguments(worker)
-    worker.set_defaults(func=cmd_worker)
+    # `sluice worker …` is handed whole to workers.cli (see main), so the gateway process never
+    # imports torch; this entry only lists it in `sluice --help`.
+    sub.add_parser("worker", help="run one model worker (sluice worker --help for its flags)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        from workers.cli import main as worker_main
+
+        return worker_main(argv[1:], prog="sluice worker")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

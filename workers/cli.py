@@ -157,8 +157,8 @@ def run_worker(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice worker", description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None, prog: str = "sluice worker") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_worker_arguments(parser)
     return run_worker(parser.parse_args(argv))
 

@@ -1,0 +1,55 @@
+"""Gateway settings and command line: precedence, parsing, and a light gateway process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway.settings import Settings, load_settings
+
+
+def flags(argv: list[str]) -> dict:
+    args = vars(build_parser().parse_args(["serve", *argv]))
+    return {k: v for k, v in args.items() if k not in ("cmd", "func")}
+
+
+def test_flags_win_over_environment_which_wins_over_the_config_file(tmp_path):
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        'port = 7000\nhost = "0.0.0.0"\ndisconnect_grace = 3.5\napi_key = ["from-file"]\n'
+    )
+    env = {"SLUICE_PORT": "7100", "SLUICE_API_KEY": "k1,k2"}
+    settings = load_settings(flags(["--config", str(config)]), env)
+    assert (settings.port, settings.host, settings.disconnect_grace) == (7100, "0.0.0.0", 3.5)
+    assert settings.api_key == ["k1", "k2"]
+    settings = load_settings(
+        flags(["--config", str(config), "--port", "7200", "--api-key", "a"]), env
+    )
+    assert (settings.port, settings.api_key) == (7200, ["a"])
+
+
+def test_defaults_start_a_local_worker_unless_only_remote_backends_are_named():
+    assert load_settings(flags([]), {}).starts_local_workers
+    remote = load_settings(flags(["--upstream", "m=http://h:1/v1"]), {})
+    assert not remote.starts_local_workers
+    assert remote.upstreams() == [("m", "http://h:1/v1")]
+    both = load_settings(flags(["--upstream", "m=http://h:1/v1", "--model", "/p"]), {})
+    assert both.starts_local_workers
+
+
+@pytest.mark.parametrize("spec", ["nourl", "=http://x", "m=ftp://x", "m="])
+def test_bad_upstream_specs_are_refused(spec):
+    with pytest.raises(ValueError, match="NAME=BASE_URL"):
+        Settings(upstream=[spec]).upstreams()
+
+
+def test_the_gateway_process_never_imports_torch():
+    code = (
+        "import sys, gateway.cli, gateway.app; "
+        "gateway.cli.build_parser(); "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
