@@ -47,7 +47,7 @@ class AsyncEngine:
         self._on_step = on_step
         self._cond = threading.Condition()
         self._inbox: list[EngineRequest] = []
-        self._aborts: list[str] = []
+        self._aborts: list[tuple[str, float]] = []  # request id, when the abort arrived
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -122,8 +122,9 @@ class AsyncEngine:
     # -- the loop side ---------------------------------------------------------------------------
 
     def _send_abort(self, request_id: str) -> None:
+        arrived_at = time.monotonic()
         with self._cond:
-            self._aborts.append(request_id)
+            self._aborts.append((request_id, arrived_at))
             self._cond.notify()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -154,8 +155,8 @@ class AsyncEngine:
                 # request that has left the inbox but is not yet in the snapshot.
                 outputs = self._admit(self._inbox)
                 self._inbox = []
-                for request_id in self._aborts:
-                    engine.abort(request_id)
+                for request_id, arrived_at in self._aborts:
+                    engine.abort(request_id, arrived_at)
                 self._aborts = []
                 self._stats = engine.stats()
             if engine.has_unfinished():

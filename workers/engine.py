@@ -12,6 +12,7 @@ in that step; the loop goes on.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,9 @@ class Engine:
         self.sampler = Sampler(self.table)
         self.stop_ctx = StopContext(_eos_ids(model, tokenizer), self.max_model_len)
         self._requests: dict[str, Request] = {}
-        self._abort_pending: set[str] = set()
+        self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
+        self._step_index = 0
+        self._last_step_ended = 0.0
         self._generated_total = 0
         self._last_step_tokens = 0
 
@@ -165,11 +168,15 @@ class Engine:
         total = min(prompt_len + (max_tokens or self.max_model_len), self.max_model_len)
         return self.blocks.blocks_for(total) <= self.blocks.num_blocks
 
-    def abort(self, request_id: str) -> bool:
-        """Mark a live request for abort at the next step; unknown or finished ids are a no-op."""
+    def abort(self, request_id: str, arrived_at: float | None = None) -> bool:
+        """Mark a live request for abort at the next step; unknown or finished ids are a no-op.
+
+        `arrived_at` (time.monotonic) is when the abort reached the worker, if that was before
+        this call (the engine thread may have been busy with a step)."""
         if request_id not in self._requests:
             return False
-        self._abort_pending.add(request_id)
+        arrived = time.monotonic() if arrived_at is None else arrived_at
+        self._abort_pending[request_id] = min(arrived, self._abort_pending.get(request_id, arrived))
         return True
 
     def has_unfinished(self) -> bool:
@@ -192,6 +199,7 @@ class Engine:
         """Run one scheduled batch; return the events it produced."""
         outputs: dict[str, RequestOutput] = {}
         self._apply_aborts(outputs)
+        self._step_index += 1
         scheduled = self.scheduler.schedule()
         self._last_step_tokens = scheduled.num_tokens
         if scheduled.work:
@@ -211,6 +219,7 @@ class Engine:
                     seq.num_computed_tokens += new
                     self.blocks.register_computed(seq)
                 self._sample_and_postprocess(samplers, logits, outputs)
+        self._last_step_ended = time.monotonic()
         self._retire(outputs)
         return list(outputs.values())
 
@@ -235,12 +244,27 @@ class Engine:
         return outputs[request_id]
 
     def _apply_aborts(self, outputs: dict[str, RequestOutput]) -> None:
-        for request_id in sorted(self._abort_pending):
+        """Stop aborted sequences at this step boundary and report what each abort cost.
+
+        NOTE: an abort that arrived while the previous step ran could not stop it; the tokens
+        that step gave the sequence are its tail.
+        """
+        now = time.monotonic()
+        for request_id, arrived in sorted(self._abort_pending.items()):
             req = self._requests.get(request_id)
             if req is None or req.status.is_finished:
                 continue
             for seq in req.live_sequences():
-                self._finish_sequence(seq, RequestStatus.FINISHED_ABORTED, outputs)
+                in_flight = arrived < self._last_step_ended and seq.last_token_step == (
+                    self._step_index
+                )
+                seq.status = RequestStatus.FINISHED_ABORTED
+                self._out(outputs, request_id).events.append(
+                    protocol.abort_event(
+                        seq.index, seq.num_output_tokens, int(in_flight), max(0.0, now - arrived)
+                    )
+                )
+                self.scheduler.finish(seq)
         self._abort_pending.clear()
 
     def _fork_children(self, leader: Sequence) -> list[Sequence]:
@@ -317,6 +341,7 @@ class Engine:
         outputs: dict[str, RequestOutput],
     ) -> None:
         seq.append_token(token_id, logprob)
+        seq.last_token_step = self._step_index
         self._generated_total += 1
         status = check_stop(seq, token_id, self.stop_ctx)
         if status is not None:
@@ -331,11 +356,10 @@ class Engine:
     ) -> None:
         seq.status = status
         out = self._out(outputs, seq.request_id)
-        if status != RequestStatus.FINISHED_ABORTED:
-            seq.flush_text()
-            event = seq.take_text_event()
-            if event is not None:
-                out.events.append(event)
+        seq.flush_text()
+        event = seq.take_text_event()
+        if event is not None:
+            out.events.append(event)
         out.events.append(
             protocol.finish_event(seq.index, FINISH_REASON[status], seq.num_output_tokens)
         )

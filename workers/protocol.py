@@ -169,6 +169,17 @@ def finish_event(index: int, reason: str, completion_tokens: int) -> dict[str, A
     }
 
 
+def abort_event(
+    index: int, completion_tokens: int, tail_tokens: int, stop_latency_s: float
+) -> dict[str, Any]:
+    """`finish` with reason `abort`, plus what the abort cost: tokens generated after it arrived
+    and the time from its arrival to the step boundary where the sequence stopped."""
+    event = finish_event(index, "abort", completion_tokens)
+    event["tail_tokens"] = tail_tokens
+    event["stop_latency_ms"] = round(stop_latency_s * 1000, 3)
+    return event
+
+
 def usage_event(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {"type": "usage", "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
 

@@ -72,6 +72,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_hashed_blocks: int = 0
+    last_token_step: int = -1  # the engine step that produced the latest token
     hit_stop_string: bool = False
     unsent_text: list[str] = field(default_factory=list)
     unsent_tokens: int = 0

@@ -103,10 +103,16 @@ def test_abort_mid_decode_stops_at_the_next_step(engine: Engine, tiny) -> None:
     assert engine.abort("a") is True  # idempotent while pending
     outputs = {out.request_id: out for out in engine.step()}
     assert outputs["a"].finished
-    assert outputs["a"].events == [
-        {"type": "finish", "index": 0, "reason": "abort", "completion_tokens": 4},
-        {"type": "usage", "prompt_tokens": len(ids), "completion_tokens": 4},
-    ]
+    finish, usage = outputs["a"].events
+    assert finish["stop_latency_ms"] >= 0
+    assert {k: v for k, v in finish.items() if k != "stop_latency_ms"} == {
+        "type": "finish",
+        "index": 0,
+        "reason": "abort",
+        "completion_tokens": 4,
+        "tail_tokens": 0,
+    }
+    assert usage == {"type": "usage", "prompt_tokens": len(ids), "completion_tokens": 4}
     assert engine.abort("a") is False  # finished: a no-op
     assert engine.abort("never-seen") is False
     run(engine, results)
@@ -124,12 +130,9 @@ def test_abort_of_a_waiting_request(tiny) -> None:
     assert (engine.stats().running, engine.stats().waiting) == (1, 1)
     engine.abort("second")
     outputs = {out.request_id: out for out in engine.step()}
-    assert outputs["second"].events[0] == {
-        "type": "finish",
-        "index": 0,
-        "reason": "abort",
-        "completion_tokens": 0,
-    }
+    finish = outputs["second"].events[0]
+    assert (finish["type"], finish["reason"], finish["completion_tokens"]) == ("finish", "abort", 0)
+    assert finish["tail_tokens"] == 0
     assert (engine.stats().running, engine.stats().waiting) == (1, 0)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict
 
 import pytest
@@ -133,10 +134,16 @@ def test_abort_mid_prefill_stops_at_the_next_step_without_a_token(tiny):
     engine.step()
     engine.abort("r")
     (out,) = engine.step()
-    assert out.events == [
-        {"type": "finish", "index": 0, "reason": "abort", "completion_tokens": 0},
-        {"type": "usage", "prompt_tokens": len(ids), "completion_tokens": 0},
-    ]
+    finish, usage = out.events
+    assert {k: finish[k] for k in ("type", "index", "reason", "completion_tokens")} == {
+        "type": "finish",
+        "index": 0,
+        "reason": "abort",
+        "completion_tokens": 0,
+    }
+    assert finish["tail_tokens"] == 0  # the abort arrived between steps
+    assert 0 <= finish["stop_latency_ms"] < 5_000
+    assert usage == {"type": "usage", "prompt_tokens": len(ids), "completion_tokens": 0}
     assert not engine.has_unfinished()
     assert_no_leaks(engine)
 
@@ -150,10 +157,25 @@ def test_abort_mid_decode_stops_within_one_step(tiny):
     generated = engine.stats().generated_tokens_total
     engine.abort("r")
     engine.abort("r")  # idempotent
-    engine.step()
+    (out,) = engine.step()
     assert engine.stats().generated_tokens_total == generated
+    assert out.events[0]["reason"] == "abort" and out.events[0]["tail_tokens"] == 0
+    assert out.events[0]["completion_tokens"] == generated
     assert not engine.abort("r")  # finished: a no-op
     assert_no_leaks(engine)
+
+
+def test_an_abort_that_arrived_during_a_step_counts_that_steps_token_as_tail(tiny):
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, num_kv_blocks=64, block_size=8)
+    submit(engine, "r", encode(tokenizer, "hello"), max_tokens=100, ignore_eos=True)
+    engine.step()
+    arrived = time.monotonic()  # the abort reaches the worker while the next step runs
+    engine.step()
+    engine.abort("r", arrived_at=arrived)
+    (out,) = engine.step()
+    assert out.events[0]["tail_tokens"] == 1
+    assert out.events[0]["completion_tokens"] == 2
 
 
 def test_random_aborts_over_200_requests_leak_no_blocks(tiny):
