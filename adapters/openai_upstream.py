@@ -150,7 +150,7 @@ class OpenAIUpstreamAdapter:
             if resp.status != 200:
                 await _raise_for_status(resp)
             splitter = SSEDataSplitter()
-            async for data in resp.content.iter_any():
+            while data := await resp.content.readany():  # b"" only at the end of the body
                 batch: list[Event] = []
                 for payload in splitter.feed(data):
                     if payload == b"[DONE]":

@@ -34,6 +34,12 @@ def _tool_call_dict(event: ToolCallDelta) -> dict[str, Any]:
     return call
 
 
+# NOTE: the bytes `orjson.dumps` gives for [{"index": i, "delta": {"content": text},
+# "logprobs": None, "finish_reason": None}] and the closing brace of the chunk; filled in by hand
+# because a plain text delta is by far the most frequent chunk.
+_TEXT_CHOICE = b'[{"index":%d,"delta":{"content":%b},"logprobs":null,"finish_reason":null}]}'
+
+
 class ChunkRenderer:
     """Renders the events of one response as chunk JSON bytes."""
 
@@ -62,11 +68,13 @@ class ChunkRenderer:
     def render(self, event: Event) -> bytes | None:
         """The chunk for one event, or None for events that are not chunks (usage, errors)."""
         if type(event) is TextDelta:
-            logprobs = None if event.logprobs is None else {"content": event.logprobs}
+            if event.logprobs is None:  # the chunk almost every token becomes
+                text = orjson.dumps(event.text)
+                return self._prefix + _TEXT_CHOICE % (event.index, text)
             choice = {
                 "index": event.index,
                 "delta": {"content": event.text},
-                "logprobs": logprobs,
+                "logprobs": {"content": event.logprobs},
                 "finish_reason": None,
             }
         elif type(event) is ToolCallDelta:

@@ -81,7 +81,8 @@ class SSEWriter:
         """Frame each JSON payload and write them all at once."""
         body = b"".join([self.frame(p) for p in payloads])
         if body:
-            await self._write(body)
+            self._last_write = time.monotonic()
+            await self._response.write(body)
 
     async def send_error(self, error: dict) -> None:
         await self._write(self.frame(orjson.dumps({"error": error})))

@@ -1,0 +1,361 @@
+"""What the gateway adds to a stream: TTFT, throughput and CPU per chunk, against going direct.
+
+Processes, all started and stopped here: the scripted OpenAI-compatible upstream, the gateway
+(`sluice serve --upstream scripted=…`), a bare aiohttp byte pass-through (`bench/passthrough.py`,
+the floor for any aiohttp relay on this machine; `--no-baseline` leaves it out) and the load
+generator (`bench/loadgen.py`). For each delay per token and each concurrency, the same request
+(model "scripted", stream, `--chunks` chunks, `metadata.delay_ms`) goes straight to the upstream,
+then through the pass-through, then through the gateway; the whole set is run `--repeats` times.
+A cell is a closed loop of C streams: a new stream starts as soon as one ends, until at least
+`--rounds` x C streams (and `--min-requests`) have run and `--min-seconds` have passed. Reported
+per cell, as medians over the repeats:
+
+- added TTFT p50/p99: relay minus direct, paired within a repeat (request sent → first content
+  frame, measured by the load generator);
+- chunks/s: content chunks received per second of wall time, all streams together;
+- CPU-ms per 1,000 content chunks of the relay process: utime+stime from /proc/<pid>/stat.
+
+    .venv/bin/python bench/gateway_overhead.py            # full run, a few minutes
+    .venv/bin/python bench/gateway_overhead.py --quick    # smoke run, under 30 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "sk-sluice-bench"
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+RELAYS = ("passthrough", "gateway")
+# name: ((concurrency, delay ms), summary key, limit, "<=" or ">=")
+TARGETS = {
+    "gateway added TTFT p99, 64 streams x 20 ms": ((64, 20.0), "gateway_added_p99_ms", 10, "<="),
+    "gateway CPU-ms per 1k chunks, 64 streams x 20 ms": ((64, 20.0), "gateway_cpu", 60, "<="),
+    "gateway chunks/s, 64 streams x 0 ms": ((64, 0.0), "gateway_chunks_s", 20000, ">="),
+}
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """preexec: the child gets SIGTERM if this script dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Processes:
+    """The child processes. Each runs in its own session, so Ctrl-C reaches only this script,
+    which then stops them in reverse order of start."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.children: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, args: list[str], **kwargs) -> subprocess.Popen:
+        log = (self.logdir / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            stderr=log,
+            stdout=kwargs.pop("stdout", log),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            **kwargs,
+        )
+        self.children.append(proc)
+        return proc
+
+    def wait_ready(self, name: str, proc: subprocess.Popen, url: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                sys.exit(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+            time.sleep(0.05)
+        sys.exit(f"{name} did not answer {url} within 30 s:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        text = (self.logdir / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.children):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, from /proc (clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+class Bench:
+    """Starts the processes; runs cells through the load generator; measures the relay's CPU."""
+
+    def __init__(self, args: argparse.Namespace, procs: Processes) -> None:
+        self.args = args
+        ports = {name: free_port() for name in ("direct", *RELAYS)}
+        upstream_url = f"http://127.0.0.1:{ports['direct']}/v1"
+        upstream = procs.spawn(
+            "upstream", ["-m", "tests.support.scripted_upstream", "--port", str(ports["direct"])]
+        )
+        serve = ["-m", "gateway.cli", "serve", "--api-key", API_KEY]
+        commands = {
+            "passthrough": [str(ROOT / "bench" / "passthrough.py"), "--upstream", upstream_url],
+            "gateway": [*serve, "--upstream", f"scripted={upstream_url}"],
+        }
+        names = RELAYS if args.baseline else ("gateway",)
+        self.relays = {
+            name: procs.spawn(name, [*commands[name], "--port", str(ports[name])]) for name in names
+        }
+        self.loadgen = procs.spawn(
+            "loadgen",
+            [str(ROOT / "bench" / "loadgen.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.upstream_pid = upstream.pid
+        procs.wait_ready("upstream", upstream, f"{upstream_url}/models")
+        for name, proc in self.relays.items():
+            procs.wait_ready(name, proc, f"http://127.0.0.1:{ports[name]}/healthz")
+        self.targets = ["direct", *self.relays]
+        self.urls = {t: f"http://127.0.0.1:{ports[t]}/v1/chat/completions" for t in self.targets}
+
+    def cell(self, target: str, concurrency: int, delay_ms: float, requests: int) -> dict:
+        """One closed-loop run: `requests` streams, `concurrency` at a time."""
+        spec = {
+            "url": self.urls[target],
+            "headers": {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+            "body": {
+                "model": "scripted",
+                "messages": [{"role": "user", "content": "Count."}],
+                "stream": True,
+                "max_tokens": self.args.chunks,
+                "metadata": {"delay_ms": f"{delay_ms:g}"},
+            },
+            "concurrency": concurrency,
+            "requests": requests,
+            "min_seconds": self.args.min_seconds,
+            "chunks": self.args.chunks,
+        }
+        relay = self.relays.get(target)
+        pids = {"relay": relay.pid if relay else None, "upstream": self.upstream_pid}
+        before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid}
+        self.loadgen.stdin.write(json.dumps(spec) + "\n")
+        self.loadgen.stdin.flush()
+        line = self.loadgen.stdout.readline()
+        after = {k: cpu_seconds(pid) for k, pid in pids.items() if pid}
+        if not line:
+            sys.exit("the load generator exited")
+        result = json.loads(line)
+        if result["error_count"]:
+            print(
+                f"  {target} C={concurrency} {delay_ms:g} ms: {result['error_count']} failed "
+                f"streams, e.g. {result['errors']}",
+                file=sys.stderr,
+            )
+        kchunks = max(result["frames"], 1) / 1000
+        cpu_ms = {k: (after[k] - before[k]) * 1000 / kchunks for k in after}
+        ttft = result["ttft_s"] or [float("nan")]
+        return {
+            "ttft_p50_ms": percentile(ttft, 0.50) * 1000,
+            "ttft_p99_ms": percentile(ttft, 0.99) * 1000,
+            "chunks_s": result["frames"] / result["wall_s"],
+            "cpu": cpu_ms.get("relay", 0.0),
+            "upstream_cpu": cpu_ms["upstream"],
+            "loadgen_cpu": result["loadgen_cpu_s"] * 1000 / kchunks,
+            "streams": len(result["ttft_s"]),
+            "failed": result["error_count"],
+        }
+
+    def run(self) -> list[dict]:
+        a = self.args
+        top = max(a.concurrency)
+        for target in self.targets:  # open the connection pools, warm every path
+            self.cell(target, top, 0.0, top)
+        reps: dict[tuple[float, int], list[dict]] = {}
+        for rep in range(a.repeats):
+            for delay in a.delays:
+                for c in a.concurrency:
+                    requests = max(a.rounds * c, a.min_requests)
+                    run = {t: self.cell(t, c, delay, requests) for t in self.targets}
+                    reps.setdefault((delay, c), []).append(run)
+                    added = run["gateway"]["ttft_p99_ms"] - run["direct"]["ttft_p99_ms"]
+                    print(
+                        f"  repeat {rep + 1}/{a.repeats}  {delay:g} ms  C={c:<3}  gateway: added "
+                        f"TTFT p99 {added:+.1f} ms, {run['gateway']['chunks_s']:,.0f} chunks/s, "
+                        f"{run['gateway']['cpu']:.1f} CPU-ms/1k",
+                        file=sys.stderr,
+                    )
+        return [summarise(delay, c, runs) for (delay, c), runs in reps.items()]
+
+
+def summarise(delay: float, concurrency: int, runs: list[dict]) -> dict:
+    """Medians over the repeats; added TTFT is paired with the direct run of the same repeat."""
+
+    def med(fn) -> float:
+        return statistics.median(fn(r) for r in runs)
+
+    row: dict = {"delay_ms": delay, "concurrency": concurrency}
+    for t in runs[0]:
+        for q in ("p50", "p99"):
+            row[f"{t}_{q}_ms"] = med(lambda r, t=t, q=q: r[t][f"ttft_{q}_ms"])
+        row[f"{t}_chunks_s"] = med(lambda r, t=t: r[t]["chunks_s"])
+        if t in RELAYS:
+            for q in ("p50", "p99"):
+                key = f"ttft_{q}_ms"
+                row[f"{t}_added_{q}_ms"] = med(lambda r, t=t, k=key: r[t][k] - r["direct"][k])
+            row[f"{t}_cpu"] = med(lambda r, t=t: r[t]["cpu"])
+    row["upstream_cpu"] = med(lambda r: r["direct"]["upstream_cpu"])
+    row["loadgen_cpu"] = med(lambda r: r["direct"]["loadgen_cpu"])
+    row["failed"] = sum(r[t]["failed"] for r in runs for t in r)
+    row["repeats"] = runs
+    return row
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    by_cell = {(r["concurrency"], r["delay_ms"]): r for r in rows}
+    out = []
+    for name, (cell, key, limit, op) in TARGETS.items():
+        if cell in by_cell:
+            value = by_cell[cell][key]
+            met = value <= limit if op == "<=" else value >= limit
+            floor = by_cell[cell].get(key.replace("gateway", "passthrough"))
+            out.append(
+                {
+                    "target": f"{name} {op} {limit:,}",
+                    "value": value,
+                    "met": met,
+                    "passthrough": floor,
+                }
+            )
+    return out
+
+
+def table(rows: list[dict], args: argparse.Namespace) -> str:
+    base = args.baseline
+
+    def pair(row: dict, key: str, fmt: str) -> str:
+        gw = format(row[f"gateway_{key}"], fmt)
+        return f"{format(row[f'passthrough_{key}'], fmt)} {gw}" if base else gw
+
+    relays = "pass   gw" if base else "gw"
+    head = (
+        f"{'delay':>5} {'C':>3} | TTFT p50 {'direct':>6} {'+' + relays:>12} | "
+        f"TTFT p99 {'direct':>6} {'+' + relays:>12} | chunks/s {'direct':>7} {relays:>15} | "
+        f"CPU-ms/1k {relays:>11}"
+    )
+    lines = [
+        f"{args.chunks} chunks per stream; medians of {args.repeats} repeat(s). TTFT in ms, "
+        "'+' = added over direct. CPU-ms per 1,000 content chunks, of the relay process. "
+        + ("pass = bare aiohttp byte pass-through, gw = gateway." if base else "gw = gateway."),
+        head,
+        "-" * len(head),
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['delay_ms']:>5g} {r['concurrency']:>3} | "
+            f"{'':8} {r['direct_p50_ms']:>6.1f} {pair(r, 'added_p50_ms', '+6.1f'):>12} | "
+            f"{'':8} {r['direct_p99_ms']:>6.1f} {pair(r, 'added_p99_ms', '+6.1f'):>12} | "
+            f"{'':8} {r['direct_chunks_s']:>7,.0f} {pair(r, 'chunks_s', '7,.0f'):>15} | "
+            f"{'':9} {pair(r, 'cpu', '5.1f'):>11}"
+        )
+    for v in verdicts(rows):
+        floor = "" if v["passthrough"] is None else f"  (pass-through: {v['passthrough']:,.1f})"
+        status = "met" if v["met"] else "NOT MET"
+        lines.append(f"{status:>7}  {v['target']}: {v['value']:,.1f}{floor}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    def numbers(kind):
+        return lambda text: [kind(x) for x in text.split(",") if x]
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", type=numbers(int), default=[1, 16, 64], help="e.g. 1,16,64")
+    p.add_argument("--delays", type=numbers(float), default=[0.0, 20.0], help="ms per token")
+    p.add_argument("--chunks", type=int, default=64, help="content chunks per stream")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every cell, for medians")
+    p.add_argument("--rounds", type=int, default=4, help="streams per cell: rounds * C ...")
+    p.add_argument("--min-requests", type=int, default=8, help="... but at least this many")
+    p.add_argument("--min-seconds", type=float, default=2.0, help="... and at least this long")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false", help="no pass-through")
+    p.add_argument("--quick", action="store_true", help="one short repeat: a smoke test")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.rounds, args.min_requests, args.min_seconds = 1, 1, 1, 0.3
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Ctrl-C and SIGTERM both unwind through the cleanup below, even where SIGINT was ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as logdir:
+        procs = Processes(Path(logdir))
+        try:
+            started = time.monotonic()
+            bench = Bench(args, procs)
+            print(f"  processes ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+            rows = bench.run()
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            procs.stop_all()
+    if args.json:
+        print(json.dumps({"cells": rows, "targets": verdicts(rows)}, indent=2))
+    else:
+        print(table(rows, args))
+    return 1 if any(r["failed"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
