@@ -45,10 +45,18 @@ async def stream_completion(
     accounting = ResponseAccounting(app[METRICS], chat.model, request[STARTED])
     renderer = ChunkRenderer(completion_id, chat.model)
     async with aclosing(adapter.stream(chat, completion_id)) as events:
-        first = await _first_batch(events)
-        roles = [renderer.role(i) for i in range(chat.n)]
-        first_payloads = _render(renderer, accounting, first, roles)
-        writer = await SSEWriter.open(request, app[SETTINGS].ping_interval, first=first_payloads)
+        try:
+            first = await _first_batch(events)
+            roles = [renderer.role(i) for i in range(chat.n)]
+            first_payloads = _render(renderer, accounting, first, roles)
+            writer = await SSEWriter.open(
+                request, app[SETTINGS].ping_interval, first=first_payloads
+            )
+        except (ConnectionError, asyncio.CancelledError):  # gone before the first token
+            app[METRICS].disconnects.inc()
+            accounting.close("disconnect")
+            _log_end(request, completion_id, accounting, "disconnect")
+            raise
         app[OPEN_STREAMS].add(asyncio.current_task())
         app[METRICS].active_streams.inc()
         outcome = None

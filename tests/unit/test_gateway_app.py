@@ -150,3 +150,17 @@ async def test_models_health_and_auth(aiohttp_client):
 def test_the_app_refuses_to_run_without_a_key():
     with pytest.raises(ValueError, match="no API key"):
         gateway_app(adapters=[], api_key=[])
+
+
+async def test_client_gone_before_the_first_token_is_counted_and_aborts(aiohttp_client):
+    adapter, client = await make_client(aiohttp_client, lambda r: [5.0, TextDelta("late")])
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(post(client, stream=True), 0.2)
+    for _ in range(100):
+        metrics = await (await client.get("/metrics")).text()
+        if adapter.aborted and "sluice_disconnects_total 1.0" in metrics:
+            break
+        await asyncio.sleep(0.02)
+    assert list(adapter.aborted.values()) == [True]
+    assert "sluice_disconnects_total 1.0" in metrics
+    assert 'sluice_runs_finished_total{model="scripted",reason="disconnect"} 1.0' in metrics
