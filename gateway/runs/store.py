@@ -1,0 +1,74 @@
+"""The run store interface: run records, their event logs, and the one terminal transition.
+
+Two backends implement it: `store_memory` (one gateway process) and, for replicas sharing state,
+a Redis backend. The store owns run state; the run driver and the HTTP handlers only ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.runs.state import RunStatus
+
+
+class UnknownRun(LookupError):
+    """No such run (or not this tenant's: the same answer, DESIGN §4)."""
+
+
+class ResumeWindowExpired(LookupError):
+    """The events after the requested sequence number are no longer retained."""
+
+
+@dataclass(slots=True, frozen=True)
+class TerminalRecord:
+    """How a run ended. `cause` separates e.g. the deadlines (`deadline:ttft`) or cancel sources
+    (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object."""
+
+    status: RunStatus
+    cause: str
+    finish_reason: str | None = None
+    completion: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.status.is_terminal:
+            raise ValueError(f"{self.status.name} is not a terminal status")
+
+
+@dataclass(slots=True)
+class RunRecord:
+    run_id: str
+    tenant: str
+    model: str
+    created: float
+    stream: bool = True
+    status: RunStatus = RunStatus.RECEIVED
+    terminal: TerminalRecord | None = None
+    last_seq: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class RunStore(Protocol):
+    async def create(self, record: RunRecord) -> None:
+        """Store a new run; its event log starts empty (seq 0)."""
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run's current record; raises UnknownRun."""
+
+    async def advance(self, run_id: str, status: RunStatus) -> bool:
+        """Move a live run forward to a non-terminal status; False if it cannot."""
+
+    async def finish(self, run_id: str, terminal: TerminalRecord) -> bool:
+        """The one terminal transition (compare-and-set): True for the first caller only."""
+
+    async def append(self, run_id: str, payloads: list[bytes]) -> int:
+        """Append events in order; returns the last sequence number given."""
+
+    async def read(self, run_id: str, after: int) -> list[tuple[int, bytes]]:
+        """Retained events with seq > after, in order; raises ResumeWindowExpired."""
+
+    async def wait(self, run_id: str, after: int) -> None:
+        """Return once an event with seq > after exists or the run ended (callers bound it with
+        `asyncio.timeout` to send heartbeats meanwhile)."""

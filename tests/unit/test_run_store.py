@@ -1,0 +1,81 @@
+"""The run store contract: ordered event log with retention, one terminal transition, followers
+woken by appends. Written against the interface so every backend runs the same table."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.runs.state import RunStatus
+from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store_memory import MemoryRunStore
+
+
+@pytest.fixture
+def store():
+    return MemoryRunStore(max_events=5)
+
+
+async def new_run(store, run_id: str = "run-1") -> str:
+    await store.create(RunRecord(run_id, tenant="t", model="m", created=0.0))
+    return run_id
+
+
+async def test_events_get_consecutive_seq_numbers_and_read_after_n(store):
+    run = await new_run(store)
+    assert await store.append(run, [b"a", b"b"]) == 2
+    assert await store.append(run, [b"c"]) == 3
+    assert await store.read(run, 0) == [(1, b"a"), (2, b"b"), (3, b"c")]
+    assert await store.read(run, 2) == [(3, b"c")]
+    assert await store.read(run, 3) == []
+
+
+async def test_events_past_retention_are_a_resume_window_error(store):
+    run = await new_run(store)
+    await store.append(run, [b"%d" % i for i in range(1, 8)])  # keeps 3..7
+    assert [seq for seq, _ in await store.read(run, 2)] == [3, 4, 5, 6, 7]
+    with pytest.raises(ResumeWindowExpired):
+        await store.read(run, 1)
+
+
+async def test_exactly_one_terminal_transition(store):
+    run = await new_run(store)
+    assert await store.advance(run, RunStatus.DECODING)
+    assert not await store.advance(run, RunStatus.QUEUED)  # never backwards
+    done = TerminalRecord(RunStatus.COMPLETED, "completed", "stop")
+    cancelled = TerminalRecord(RunStatus.CANCELLED, "cancel:client")
+    results = await asyncio.gather(store.finish(run, done), store.finish(run, cancelled))
+    assert results == [True, False]
+    record = await store.get(run)
+    assert record.status == RunStatus.COMPLETED and record.terminal == done
+    assert not await store.advance(run, RunStatus.FINALIZING)
+    with pytest.raises(ValueError, match="log is closed"):
+        await store.append(run, [b"late"])
+
+
+async def test_followers_wake_on_append_and_on_finish(store):
+    run = await new_run(store)
+    waiter = asyncio.create_task(store.wait(run, 0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await store.append(run, [b"x"])
+    await asyncio.wait_for(waiter, 1)
+    waiter = asyncio.create_task(store.wait(run, 1))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await store.finish(run, TerminalRecord(RunStatus.FAILED, "worker_error"))
+    await asyncio.wait_for(waiter, 1)
+
+
+async def test_unknown_runs(store):
+    with pytest.raises(UnknownRun):
+        await store.get("nope")
+    with pytest.raises(UnknownRun):
+        await store.read("nope", 0)
+
+
+def test_terminal_record_needs_a_terminal_status():
+    with pytest.raises(ValueError):
+        TerminalRecord(RunStatus.DECODING, "x")
+    assert RunStatus.COMPLETED.is_terminal and not RunStatus.FINALIZING.is_terminal
