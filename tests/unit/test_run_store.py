@@ -1,20 +1,35 @@
 """The run store contract: ordered event log with retention, one terminal transition, followers
-woken by appends. Written against the interface so every backend runs the same table."""
+woken by appends. Every backend runs the same table: in-process, and a real Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 
 import pytest
+from redis.asyncio import Redis
 
 from gateway.runs.state import RunStatus
 from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
 from gateway.runs.store_memory import MemoryRunStore
+from gateway.runs.store_redis import RedisRunStore
+
+REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-@pytest.fixture
-def store():
-    return MemoryRunStore(max_events=5)
+@pytest.fixture(params=["memory", "redis"])
+async def store(request):
+    if request.param == "memory":
+        yield MemoryRunStore(max_events=5)
+        return
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    yield RedisRunStore(client, prefix=prefix, max_events=5)
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
 
 
 async def new_run(store, run_id: str = "run-1") -> str:
