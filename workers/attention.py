@@ -7,7 +7,8 @@ in one SDPA call, padded to the longest context and masked; each prefill chunk o
 
 NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
 `repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
-one KV head: no KV expansion, and one mask row serves them all.
+one KV head: no KV expansion, and one mask row serves them all. The cache is head-major (see
+kv_cache.py), so the batched matmuls run over (KV head, sequence) without a transposing copy.
 """
 
 from __future__ import annotations
@@ -49,9 +50,22 @@ class PagedBatch:
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """Cache slots → [rows, kv_heads, length, head_dim]."""
-    picked = cache.index_select(0, slots)
-    return picked.view(rows, length, cache.shape[1], cache.shape[2]).transpose(1, 2)
+    """Cache slots → [kv_heads, rows, length, head_dim] (contiguous)."""
+    return cache.index_select(1, slots).view(cache.shape[0], rows, length, cache.shape[2])
+
+
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Attention for one-token queries: [KV, S, G, D] x [KV, S, L, D] -> [KV, S, G, D].
+
+    NOTE: two batched matmuls and a float32 softmax. With only G query rows per KV head, CPU SDPA
+    kernels (built for long query blocks) were 1.5-2.5x slower on this shape in bfloat16.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores = scores.float().mul_(scale if scale is not None else q.shape[-1] ** -0.5)
+    scores.add_(bias)
+    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
 
 
 def paged_attention_forward(
@@ -74,17 +88,18 @@ def paged_attention_forward(
     _, heads, tokens, head_dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    keys.index_copy_(0, batch.slot_mapping, key[0].transpose(0, 1))
-    values.index_copy_(0, batch.slot_mapping, value[0].transpose(0, 1))
+    keys.index_copy_(1, batch.slot_mapping, key[0])
+    values.index_copy_(1, batch.slot_mapping, value[0])
 
     out = query.new_empty(tokens, heads, head_dim)
     nd = batch.num_decode
     if nd:
-        q = query[0, :, :nd].transpose(0, 1).reshape(nd, kv_heads, group, head_dim)
+        # [H, nd, D] → [KV, G, nd, D] → [KV, nd, G, D]
+        q = query[0, :, :nd].view(kv_heads, group, nd, head_dim).transpose(1, 2)
         k = _gather(keys, batch.decode_slots, nd, batch.decode_context)
         v = _gather(values, batch.decode_slots, nd, batch.decode_context)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.decode_bias, scale=scaling)
-        out[:nd] = o.reshape(nd, heads, head_dim)
+        o = _decode_attention(q, k, v, batch.decode_bias, scaling)  # [KV, nd, G, D]
+        out[:nd] = o.permute(1, 0, 2, 3).reshape(nd, heads, head_dim)
     for span in batch.prefills:
         s, n = span.start, span.length
         q = query[:, :, s : s + n]
@@ -99,8 +114,8 @@ def paged_attention_forward(
             )
         else:
             length = span.context_slots.numel()
-            k = _gather(keys, span.context_slots, 1, length)
-            v = _gather(values, span.context_slots, 1, length)
+            k = _gather(keys, span.context_slots, 1, length).transpose(0, 1)
+            v = _gather(values, span.context_slots, 1, length).transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=span.bias, scale=scaling, enable_gqa=group > 1
             )

@@ -1,9 +1,11 @@
 """The paged KV cache: one preallocated pool of blocks per layer, sized from a memory budget.
 
-NOTE on layout: each layer holds keys and values as `[num_blocks * block_size, kv_heads,
-head_dim]`, so a token's slot is `block_id * block_size + offset` and writing a step's new K/V is
-one `index_copy_` per layer. The pool is zero-filled: attention masks the unused tail of a block,
-and zeros (unlike uninitialised memory) can never turn into NaN under that mask.
+NOTE on layout: each layer holds keys and values head-major, as `[kv_heads, num_blocks *
+block_size, head_dim]`: a token's slot is `block_id * block_size + offset`, writing a step's new
+K/V is one `index_copy_` per layer, and gathering a batch's slots yields `[kv_heads, tokens,
+head_dim]`, already the layout batched matmuls and SDPA want (no transposing copy). The pool is
+zero-filled: attention masks the unused tail of a block, and zeros (unlike uninitialised
+memory) can never turn into NaN under that mask.
 """
 
 from __future__ import annotations
@@ -71,12 +73,12 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         slots = num_blocks * block_size
-        size = (shape.num_layers, slots, shape.kv_heads, shape.head_dim)
+        size = (shape.num_layers, shape.kv_heads, slots, shape.head_dim)
         self.keys = torch.zeros(size, dtype=shape.dtype, device=device)
         self.values = torch.zeros(size, dtype=shape.dtype, device=device)
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's K/V in every layer (a forked sequence's own copy of a shared tail)."""
         bs = self.block_size
-        self.keys[:, dst * bs : (dst + 1) * bs] = self.keys[:, src * bs : (src + 1) * bs]
-        self.values[:, dst * bs : (dst + 1) * bs] = self.values[:, src * bs : (src + 1) * bs]
+        self.keys[:, :, dst * bs : (dst + 1) * bs] = self.keys[:, :, src * bs : (src + 1) * bs]
+        self.values[:, :, dst * bs : (dst + 1) * bs] = self.values[:, :, src * bs : (src + 1) * bs]

@@ -43,9 +43,9 @@ class ModelRunner:
         batch.decode_slots = slots[:, :context].reshape(-1)
         batch.decode_context = context
         visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
-        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
         bias.masked_fill_(~visible, float("-inf"))
-        batch.decode_bias = bias.view(len(decodes), 1, 1, context)
+        batch.decode_bias = bias.view(1, len(decodes), 1, context)
 
     def _prefill_span(self, seq: Sequence, start: int, new: int) -> PrefillSpan:
         done = seq.num_computed_tokens
