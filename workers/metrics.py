@@ -24,8 +24,16 @@ _GAUGES = (
     ("sluice_worker_kv_blocks_total", "KV cache blocks in the pool.", "kv_blocks_total"),
 )
 _COUNTERS = (
-    ("sluice_worker_prefix_cache_hits", "Prefix-cache block hits.", "prefix_cache_hits"),
-    ("sluice_worker_prefix_cache_queries", "Prefix-cache block lookups.", "prefix_cache_queries"),
+    (
+        "sluice_worker_prefix_cache_hits",
+        "Prompt tokens found cached.",
+        "prefix_cache_hits",
+    ),
+    (
+        "sluice_worker_prefix_cache_queries",
+        "Prompt tokens looked up.",
+        "prefix_cache_queries",
+    ),
     ("sluice_worker_preemptions", "Sequences preempted for recompute.", "preemptions_total"),
     ("sluice_worker_generated_tokens", "Tokens generated.", "generated_tokens_total"),
 )

@@ -1,0 +1,16 @@
+"""Metric names fixed by DESIGN §7, spelled out once for the tests that check them."""
+
+WORKER_METRICS = frozenset(
+    {
+        "sluice_worker_requests_running",
+        "sluice_worker_requests_waiting",
+        "sluice_worker_kv_blocks_used",
+        "sluice_worker_kv_blocks_total",
+        "sluice_worker_prefix_cache_hits",
+        "sluice_worker_prefix_cache_queries",
+        "sluice_worker_preemptions",
+        "sluice_worker_step_seconds",
+        "sluice_worker_batch_tokens",
+        "sluice_worker_generated_tokens",
+    }
+)
