@@ -43,10 +43,24 @@ class PagedBatch:
     cache: KVCache
     slot_mapping: torch.Tensor  # [T] cache slot of each new token
     num_decode: int = 0  # the first `num_decode` tokens are one-token decodes
-    decode_slots: torch.Tensor | None = None  # [num_decode * max_context] slots to read
-    decode_context: int = 0
+    decode_blocks: torch.Tensor | None = None  # [num_decode * width] block ids to read
+    decode_context: int = 0  # width * block_size: the decodes' longest context, padded
     decode_bias: torch.Tensor | None = None  # [num_decode, 1, 1, max_context]
     prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def _gather_blocks(
+    cache: torch.Tensor, blocks: torch.Tensor, rows: int, block_size: int
+) -> torch.Tensor:
+    """Whole cache blocks → [kv_heads, rows, width * block_size, head_dim] (contiguous).
+
+    NOTE: copying whole blocks (block_size * head_dim values per index) instead of single slots
+    makes the gather a few large memcpys; the padding it adds is masked like any other.
+    """
+    kv_heads, _, head_dim = cache.shape
+    by_block = cache.view(kv_heads, -1, block_size * head_dim)
+    picked = by_block.index_select(1, blocks)
+    return picked.view(kv_heads, rows, -1, head_dim)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -96,8 +110,9 @@ def paged_attention_forward(
     if nd:
         # [H, nd, D] → [KV, G, nd, D] → [KV, nd, G, D]
         q = query[0, :, :nd].view(kv_heads, group, nd, head_dim).transpose(1, 2)
-        k = _gather(keys, batch.decode_slots, nd, batch.decode_context)
-        v = _gather(values, batch.decode_slots, nd, batch.decode_context)
+        bs = batch.cache.block_size
+        k = _gather_blocks(keys, batch.decode_blocks, nd, bs)
+        v = _gather_blocks(values, batch.decode_blocks, nd, bs)
         o = _decode_attention(q, k, v, batch.decode_bias, scaling)  # [KV, nd, G, D]
         out[:nd] = o.permute(1, 0, 2, 3).reshape(nd, heads, head_dim)
     for span in batch.prefills:

@@ -25,7 +25,6 @@ class ModelRunner:
         self.dtype = cache.shape.dtype
         self.block_size = cache.block_size
         model.set_attn_implementation(ATTENTION_NAME)
-        self._offsets = torch.arange(self.block_size, device=self.device)
 
     def _slots(self, seq: Sequence, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
@@ -33,14 +32,12 @@ class ModelRunner:
 
     def _decode_metadata(self, batch: PagedBatch, decodes: list[Sequence]) -> None:
         lengths = torch.tensor([s.num_computed_tokens + 1 for s in decodes], device=self.device)
-        context = int(lengths.max())
-        width = -(-context // self.block_size)
-        tables = torch.tensor(
-            [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in decodes],
-            device=self.device,
+        width = -(-int(lengths.max()) // self.block_size)
+        tables = [s.block_table[:width] for s in decodes]
+        batch.decode_blocks = torch.tensor(
+            [b for t in tables for b in t + [0] * (width - len(t))], device=self.device
         )
-        slots = (tables.unsqueeze(-1) * self.block_size + self._offsets).view(len(decodes), -1)
-        batch.decode_slots = slots[:, :context].reshape(-1)
+        context = width * self.block_size
         batch.decode_context = context
         visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
