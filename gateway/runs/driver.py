@@ -66,6 +66,11 @@ class RunDriver:
         self.first_token_at: float | None = None
         self.terminal: TerminalRecord | None = None
         self._task: asyncio.Task[TerminalRecord] | None = None
+        self._started = False
+
+    @property
+    def task(self) -> asyncio.Task[TerminalRecord] | None:
+        return self._task
 
     def start(self) -> asyncio.Task[TerminalRecord]:
         self._task = asyncio.create_task(self.run(), name=f"run {self.run_id}")
@@ -73,11 +78,18 @@ class RunDriver:
 
     def cancel(self, source: str) -> None:
         """Stop the run (idempotent); `source` is `client`, `disconnect`, `safety`, …"""
-        if self._task is not None and not self._task.done() and self.cancel_source is None:
-            self.cancel_source = source
+        if self._task is None or self._task.done() or self.cancel_source is not None:
+            return
+        self.cancel_source = source
+        # NOTE: a task cancelled before its first step never runs a line of `run`, so no terminal
+        # state would be written; an unstarted run sees `cancel_source` as it begins instead.
+        if self._started:
             self._task.cancel()
 
     async def run(self) -> TerminalRecord:
+        self._started = True
+        if self.cancel_source is not None:
+            return await self._end(RunStatus.CANCELLED, f"cancel:{self.cancel_source}")
         started = time.monotonic()
         last_token_at = started
         await self.store.advance(self.run_id, RunStatus.QUEUED)

@@ -1,0 +1,103 @@
+"""Following runs: replay from any event, live follow, and the disconnect grace window."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from adapters.requests import ChatRequest, Message
+from adapters.scripted import ScriptedAdapter, text_script
+from gateway.runs.manager import RunManager
+from gateway.runs.state import RunStatus
+from gateway.runs.store import ResumeWindowExpired
+from gateway.runs.store_memory import MemoryRunStore
+
+PIECES = [f"{i}:你好 " for i in range(30)]
+
+
+def chat() -> ChatRequest:
+    return ChatRequest("m", [Message("user", "hi")], stream=True)
+
+
+def text(events: list[tuple[int, bytes]]) -> str:
+    out = []
+    for _, payload in events:
+        body = orjson.loads(payload)
+        for choice in body.get("choices", []):
+            out.append(choice["delta"].get("content") or "")
+    return "".join(out)
+
+
+async def collect(manager: RunManager, run_id: str, after: int = 0) -> list[tuple[int, bytes]]:
+    return [e async for batch in manager.follow(run_id, after) for e in batch]
+
+
+async def test_follow_replays_then_follows_live_until_the_end():
+    manager = RunManager(MemoryRunStore())
+    adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.002))
+    driver = await manager.start(chat(), adapter, "t")
+    events = await collect(manager, driver.run_id)
+    assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
+    assert text(events) == "".join(PIECES)
+    assert (await manager.result(driver.run_id)).status == RunStatus.COMPLETED
+
+
+async def test_resuming_after_any_event_gives_exactly_the_rest():
+    manager = RunManager(MemoryRunStore())
+    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES)), "t")
+    whole = await collect(manager, driver.run_id)
+    for n in range(len(whole) + 1):
+        head = [e for e in whole if e[0] <= n]
+        assert head + await collect(manager, driver.run_id, after=n) == whole
+
+
+async def test_events_past_retention_cannot_be_resumed():
+    manager = RunManager(MemoryRunStore(max_events=8))
+    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES)), "t")
+    await manager.result(driver.run_id)
+    with pytest.raises(ResumeWindowExpired):
+        await collect(manager, driver.run_id, after=1)
+
+
+async def test_last_follower_gone_cancels_after_the_grace_window():
+    manager = RunManager(MemoryRunStore(), disconnect_grace=0.05)
+    adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.05))
+    driver = await manager.start(chat(), adapter, "t")
+    manager.attach(driver.run_id)
+    manager.attach(driver.run_id)
+    manager.detach(driver.run_id)  # one follower left: no timer
+    await asyncio.sleep(0.1)
+    assert driver.terminal is None
+    manager.detach(driver.run_id)
+    record = await manager.result(driver.run_id)
+    assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:disconnect")
+    await asyncio.sleep(0)
+    assert adapter.aborted == {driver.run_id: True}
+    assert not manager.drivers
+
+
+async def test_a_follower_back_within_the_grace_window_keeps_the_run():
+    manager = RunManager(MemoryRunStore(), disconnect_grace=0.1)
+    adapter = ScriptedAdapter("m", text_script(PIECES[:6], delay=0.03))
+    driver = await manager.start(chat(), adapter, "t")
+    manager.attach(driver.run_id)
+    manager.detach(driver.run_id)
+    await asyncio.sleep(0.05)
+    manager.attach(driver.run_id)  # resumed in time
+    record = await manager.result(driver.run_id)
+    manager.detach(driver.run_id)
+    assert record.status == RunStatus.COMPLETED
+    assert adapter.aborted == {driver.run_id: False}
+
+
+async def test_cancel_is_idempotent_and_unknown_runs_are_false():
+    manager = RunManager(MemoryRunStore())
+    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES, delay=0.05)), "t")
+    assert manager.cancel(driver.run_id, "client")
+    record = await manager.result(driver.run_id)
+    await asyncio.sleep(0)
+    assert not manager.cancel(driver.run_id, "client")  # ended: no longer driven here
+    assert not manager.cancel("chatcmpl-unknown", "client")
+    assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:client")
