@@ -131,12 +131,19 @@ async def test_malformed_json_is_400(client) -> None:
 async def test_abort_by_post_ends_the_stream(client) -> None:
     response = await client.post("/v1/generate", json=body(max_tokens=1000))
     assert orjson.loads(await response.content.readline())["type"] == "start"
-    assert orjson.loads(await response.content.readline())["type"] == "text"
+    first = orjson.loads(await response.content.readline())
+    assert first["type"] == "text"
     aborted = await client.post("/v1/abort", json={"request_id": "req-1"})
     assert await aborted.json() == {"aborted": True}
-    lines = await read_lines(response)
-    assert lines[-2]["type"] == "finish" and lines[-2]["reason"] == "abort"
-    assert lines[-1]["type"] == "usage"
+    lines = [first, *await read_lines(response)]
+    finish, usage = lines[-2], lines[-1]
+    assert finish["type"] == "finish" and finish["reason"] == "abort"
+    # what the abort cost: at most the one step already running when it arrived
+    assert finish["tail_tokens"] in (0, 1)
+    assert 0 <= finish["stop_latency_ms"] < 10_000
+    streamed = sum(line["tokens"] for line in lines if line["type"] == "text")
+    assert finish["completion_tokens"] >= streamed
+    assert usage["type"] == "usage" and usage["completion_tokens"] == finish["completion_tokens"]
     again = await client.post("/v1/abort", json={"request_id": "req-1"})
     assert await again.json() == {"aborted": False}
 
