@@ -25,6 +25,7 @@ from workers.server import create_worker_app
 log = structlog.get_logger("sluice.worker")
 
 SHUTDOWN_TIMEOUT_S = 5.0
+_DEFAULTS = WorkerConfig()  # one source for the flags' defaults
 
 
 def _env(flag: str) -> str | None:
@@ -42,7 +43,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, default=port, required=port is None, help="port to listen on"
     )
-    parser.add_argument("--host", default=_env("host") or "127.0.0.1", help="address to bind")
+    parser.add_argument("--host", default=_env("host") or _DEFAULTS.host, help="address to bind")
     parser.add_argument(
         "--device", choices=DEVICES, default=_env("device") or "auto", help="auto: cuda if present"
     )
@@ -55,22 +56,25 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-num-seqs",
         type=int,
-        default=_env("max-num-seqs") or 32,
+        default=_env("max-num-seqs") or _DEFAULTS.max_num_seqs,
         help="sequences running at once; the rest wait (FIFO)",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=_env("max-num-batched-tokens") or 512,
+        default=_env("max-num-batched-tokens") or _DEFAULTS.max_num_batched_tokens,
         help="token budget of one engine step (decodes plus prefill chunks)",
     )
     parser.add_argument(
-        "--block-size", type=int, default=_env("block-size") or 16, help="tokens per KV block"
+        "--block-size",
+        type=int,
+        default=_env("block-size") or _DEFAULTS.block_size,
+        help="tokens per KV block",
     )
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument(
         "--kv-cache-memory",
-        default=_env("kv-cache-memory") or "2GiB",
+        default=_env("kv-cache-memory") or _DEFAULTS.kv_cache_memory,
         help="memory for the paged KV cache, e.g. 2GiB (capped at what max-num-seqs can use)",
     )
     num_blocks = _env("num-kv-blocks")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.kv_cache import parse_bytes
+from workers.kv_cache import DEFAULT_KV_CACHE_MEMORY, parse_bytes
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -23,7 +23,7 @@ class WorkerConfig:
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
-    kv_cache_memory: str = "2GiB"
+    kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -22,7 +22,13 @@ import torch
 from workers import protocol
 from workers.block_manager import BlockManager
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
-from workers.kv_cache import CacheShape, KVCache, blocks_for_budget, parse_bytes
+from workers.kv_cache import (
+    DEFAULT_KV_CACHE_MEMORY,
+    CacheShape,
+    KVCache,
+    blocks_for_budget,
+    parse_bytes,
+)
 from workers.model_loader import context_length
 from workers.model_runner import ModelRunner
 from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, Sequence
@@ -33,7 +39,6 @@ from workers.stop import StopContext, StopStringHoldback, check_stop
 log = structlog.get_logger("sluice.worker.engine")
 
 ENGINE_ERROR = "engine_error"
-DEFAULT_KV_CACHE_MEMORY = "2GiB"
 
 
 class CapacityError(ValueError):

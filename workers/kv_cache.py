@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+DEFAULT_KV_CACHE_MEMORY = "2GiB"
+
 _UNITS = {
     "": 1,
     "b": 1,

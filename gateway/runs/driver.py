@@ -35,10 +35,6 @@ class Deadlines:
     total: float | None = None  # run start → end
 
 
-def error_payload(code: str, message: str, type_: str = "server_error") -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
-
-
 _MESSAGES = {
     "cancelled": "The run was cancelled.",
     "timeout": "The run exceeded its deadline.",
@@ -172,7 +168,7 @@ class RunDriver:
         record = TerminalRecord(status, cause, None, None, error, at=time.time())
         run = await self.store.get(self.run_id)
         if not run.status.is_terminal:
-            await self.store.append(self.run_id, [error_payload(code, message)])
+            await self.store.append(self.run_id, [orjson.dumps({"error": error})])
         return await self._finish(record)
 
     async def _finish(self, record: TerminalRecord) -> TerminalRecord:
