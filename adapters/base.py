@@ -67,3 +67,8 @@ class Adapter(Protocol):
 
     def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         """Run the request; closing the iterator aborts it upstream."""
+
+    async def abort(self, request_id: str) -> bool:
+        """Ask the upstream to stop the request at its next step. True: the stream will confirm
+        with one `Aborted` per live choice and then end. False: the upstream cannot abort
+        in-band; the caller closes the stream (which aborts it there)."""

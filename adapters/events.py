@@ -68,4 +68,19 @@ class ErrorEvent:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-Event = TextDelta | ToolCallDelta | Finish | Usage | ErrorEvent
+@dataclass(slots=True)
+class Admitted:
+    """The upstream took the request out of its queue and started computing it."""
+
+
+@dataclass(slots=True)
+class Aborted:
+    """One choice stopped because of an abort; what it cost, as the upstream reports it."""
+
+    index: int = 0
+    completion_tokens: int = 0  # tokens this choice generated in all
+    tail_tokens: int = 0  # tokens generated after the abort reached the upstream
+    stop_latency_ms: float | None = None
+
+
+Event = TextDelta | ToolCallDelta | Finish | Usage | ErrorEvent | Admitted | Aborted

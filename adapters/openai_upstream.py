@@ -166,6 +166,11 @@ class OpenAIUpstreamAdapter:
         finally:
             resp.close()
 
+    async def abort(self, request_id: str) -> bool:
+        """No in-band abort in the OpenAI API: closing the stream is the abort (and the stream
+        never yields `Admitted` or `Aborted`)."""
+        return False
+
 
 async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
     try:

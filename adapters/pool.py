@@ -19,6 +19,7 @@ class PoolAdapter:
         self.name = name
         self.members = members
         self._in_flight = [0] * len(members)
+        self._serving: dict[str, Adapter] = {}  # live request id → the member streaming it
 
     async def start(self) -> None:
         for member in self.members:
@@ -42,10 +43,19 @@ class PoolAdapter:
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         slot = min(range(len(self.members)), key=self._in_flight.__getitem__)
+        member = self.members[slot]
         self._in_flight[slot] += 1
+        self._serving[request_id] = member
         try:
-            async with aclosing(self.members[slot].stream(request, request_id)) as events:
+            async with aclosing(member.stream(request, request_id)) as events:
                 async for batch in events:
                     yield batch
         finally:
             self._in_flight[slot] -= 1
+            if self._serving.get(request_id) is member:
+                del self._serving[request_id]
+
+    async def abort(self, request_id: str) -> bool:
+        """Routed to the member streaming `request_id`; an id no member streams is False."""
+        member = self._serving.get(request_id)
+        return False if member is None else await member.abort(request_id)

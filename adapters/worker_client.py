@@ -1,7 +1,9 @@
 """Adapter for our own `sluice worker` (docs/worker-api.md): NDJSON token events over HTTP.
 
-Closing the response (the iterator being closed or cancelled) drops the connection, which the
-worker treats as an abort at its next step boundary.
+Two ways to abort: `abort()` asks the worker in-band (`POST /v1/abort`) and the stream then
+confirms with the `finish`/`abort` lines, which report what the abort cost; closing the response
+(the iterator being closed or cancelled) drops the connection, which the worker also treats as an
+abort at its next step boundary, but nothing comes back.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import aiohttp
 import orjson
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
-from adapters.events import ErrorEvent, Event, Finish, TextDelta, Usage
+from adapters.events import Aborted, Admitted, ErrorEvent, Event, Finish, TextDelta, Usage
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 
 API_VERSION = 1
+ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
 def generate_body(request: ChatRequest, request_id: str) -> dict[str, Any]:
@@ -45,10 +48,16 @@ def _to_event(record: dict[str, Any]) -> Event | None:
             record["text"], record.get("index", 0), record.get("tokens", 1), record.get("logprobs")
         )
     if kind == "finish":
-        reason = record["reason"]
-        if reason == "abort":
-            return ErrorEvent("cancelled", "The request was aborted by the worker.")
-        return Finish(reason, record.get("index", 0))
+        if record["reason"] == "abort":
+            return Aborted(
+                record.get("index", 0),
+                record.get("completion_tokens", 0),
+                record.get("tail_tokens", 0),
+                record.get("stop_latency_ms"),
+            )
+        return Finish(record["reason"], record.get("index", 0))
+    if kind == "admitted":
+        return Admitted()
     if kind == "usage":
         return Usage(record["prompt_tokens"], record["completion_tokens"])
     if kind == "error":
@@ -135,6 +144,24 @@ class WorkerAdapter:
             raise BackendFailed("The connection to the model worker was lost.") from exc
         finally:
             resp.close()
+
+    async def abort(self, request_id: str) -> bool:
+        """Ask the worker to stop `request_id`; False when it does not know it or is unreachable
+        (the caller then closes the stream, which aborts it all the same)."""
+        if self._session is None:
+            return False
+        try:
+            async with self._session.post(
+                f"{self.base_url}/v1/abort",
+                data=orjson.dumps({"request_id": request_id}),
+                headers={"Content-Type": "application/json"},
+                timeout=ABORT_TIMEOUT,
+            ) as resp:
+                if resp.status != 200:
+                    return False
+                return orjson.loads(await resp.read()).get("aborted") is True
+        except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+            return False
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:

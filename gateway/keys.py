@@ -8,6 +8,7 @@ from aiohttp import web
 
 from adapters.catalog import Catalog
 from gateway.metrics import GatewayMetrics
+from gateway.runs.manager import RunManager
 from gateway.settings import Settings
 from policies.auth import KeyAuthenticator, Principal
 
@@ -16,6 +17,7 @@ CATALOG = web.AppKey("catalog", Catalog)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 AUTH = web.AppKey("auth", KeyAuthenticator)
 OPEN_STREAMS = web.AppKey("open_streams", weakref.WeakSet)
+RUNS = web.AppKey("runs", RunManager)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -10,6 +10,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+TAIL_TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class LoopHistogram:
@@ -90,5 +91,48 @@ class GatewayMetrics:
         self.disconnects = Counter(
             "sluice_disconnects_total",
             "Clients that went away before their response ended.",
+            registry=r,
+        )
+        self.cancellations = Counter(
+            "sluice_cancellations_total",
+            "Runs stopped early, by source (client, disconnect, timeout, safety) and outcome "
+            "(clean: no token after the cancel; tail: some; unconfirmed: never confirmed).",
+            ["source", "outcome"],
+            registry=r,
+        )
+        self.cancel_tail_tokens = LoopHistogram(
+            "sluice_cancel_tail_tokens",
+            "Tokens generated after a cancel decision (never sent), per cancelled run.",
+            TAIL_TOKEN_BUCKETS,
+            r,
+        )
+        self.cancel_latency = LoopHistogram(
+            "sluice_cancel_latency_seconds",
+            "Cancel decision to the upstream's confirmed stop.",
+            TOKEN_GAP_BUCKETS,
+            r,
+        )
+        self.tail_latency = LoopHistogram(
+            "sluice_tail_latency_seconds",
+            "Last token received to the run's terminal state recorded.",
+            TOKEN_GAP_BUCKETS,
+            r,
+        )
+        self.resumes = Counter(
+            "sluice_resumes_total",
+            "Stream resumes by outcome (live, replayed, expired, not_found).",
+            ["outcome"],
+            registry=r,
+        )
+        self.client_blocked = LoopHistogram(
+            "sluice_client_blocked_seconds",
+            "Per stream, the time spent waiting for a slow client to take bytes (not "
+            "generation time).",
+            LATENCY_BUCKETS,
+            r,
+        )
+        self.slow_clients = Counter(
+            "sluice_slow_client_detaches_total",
+            "Streams detached because the client stayed unwritable past the limit.",
             registry=r,
         )

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gateway.runs.deadlines import Deadlines
+
 DEFAULT_MODEL = "default"
 
 
@@ -25,7 +27,18 @@ class Settings:
     api_key: list[str] = field(default_factory=list)
     tenants: str | None = None
     redis_url: str | None = None
+    redis_prefix: str = "sluice:"
     disconnect_grace: float = 10.0
+    # deadlines in seconds, 0 = none; each one that fires is its own terminal cause
+    queue_timeout: float = 120.0
+    ttft_timeout: float = 0.0
+    inter_token_timeout: float = 60.0
+    request_timeout: float = 1800.0
+    slow_client_timeout: float = 30.0  # a stream unwritable this long is detached
+    cancel_confirm_timeout: float = 5.0  # wait this long for the upstream to confirm a stop
+    run_retention: float = 600.0  # seconds an ended run can still be retrieved and resumed
+    run_max_events: int = 4096  # events kept per run for resume
+    lease_ttl: float = 10.0  # with Redis: a replica silent this long has its runs failed
     max_body_bytes: int = 4 * 1024 * 1024
     ping_interval: float = 15.0
     worker_start_timeout: float = 300.0
@@ -35,6 +48,17 @@ class Settings:
     def starts_local_workers(self) -> bool:
         """DESIGN §9: a local worker unless only remote backends were named."""
         return self.model is not None or not (self.worker_url or self.upstream)
+
+    def deadlines(self) -> Deadlines:
+        def limit(seconds: float) -> float | None:
+            return seconds if seconds > 0 else None
+
+        return Deadlines(
+            queue=limit(self.queue_timeout),
+            ttft=limit(self.ttft_timeout),
+            inter_token=limit(self.inter_token_timeout),
+            total=limit(self.request_timeout),
+        )
 
     def upstreams(self) -> list[tuple[str, str]]:
         """`NAME=BASE_URL` pairs, validated."""

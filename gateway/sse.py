@@ -1,8 +1,11 @@
 """The one SSE writer every stream goes through.
 
-Framing (DESIGN §4): `id: <seq>` and `data: <json>` then a blank line per event; `: ping`
-comment lines while idle; a failure after the stream began is one `data: {"error": …}` frame; the
-stream always ends with `data: [DONE]`. Frames produced together are written in one call.
+Framing (DESIGN §4): `id: <seq>` and `data: <json>` then a blank line per event, where `seq` is
+the event's number in the run's log (so `Last-Event-ID` resumes exactly); `: ping` comment lines
+while idle; the stream always ends with `data: [DONE]`. Frames produced together are written in
+one call. The writer also times how long writes wait on the client (a slow reader fills the
+socket buffer and `write` blocks): that time is the client's, not generation's, and past
+`write_timeout` the client counts as gone.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
 
 import orjson
 from aiohttp import web
@@ -27,6 +29,11 @@ SSE_HEADERS = {
 # proxies from timing the stream out, and is ignored inside the next event.
 PING = b": ping\n"
 DONE = b"data: [DONE]\n\n"
+_BLOCKED = 0.001  # a write that took longer than this waited on the client
+
+
+class SlowClient(ConnectionError):
+    """The client took no bytes for longer than the write timeout."""
 
 
 class _HeadersWithFirstWrite(web.StreamResponse):
@@ -39,15 +46,30 @@ class _HeadersWithFirstWrite(web.StreamResponse):
 class SSEWriter:
     """Writes framed events to one prepared `StreamResponse`, with heartbeats while idle."""
 
-    __slots__ = ("_heartbeat", "_last_write", "_ping_interval", "_response", "seq")
+    __slots__ = (
+        "_heartbeat",
+        "_last_write",
+        "_ping_interval",
+        "_response",
+        "_write_timeout",
+        "blocked",
+        "last_seq",
+    )
 
-    def __init__(self, response: web.StreamResponse, ping_interval: float = 15.0) -> None:
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        ping_interval: float = 15.0,
+        write_timeout: float | None = None,
+    ) -> None:
         self._response = response
         self._ping_interval = ping_interval
+        self._write_timeout = write_timeout
         self._last_write = time.monotonic()
         # a timer while waiting, a task only while a ping is being written
         self._heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
-        self.seq = 0
+        self.blocked = 0.0  # seconds writes spent waiting for the client
+        self.last_seq = 0
 
     @classmethod
     async def open(
@@ -55,13 +77,14 @@ class SSEWriter:
         request: web.Request,
         ping_interval: float = 15.0,
         headers: dict[str, str] | None = None,
-        first: list[bytes] | None = None,
+        first: list[tuple[int, bytes]] | None = None,
+        write_timeout: float | None = None,
     ) -> SSEWriter:
-        """Start the stream; `first` payloads are framed into the same write as the headers."""
+        """Start the stream; `first` events are framed into the same write as the headers."""
         response_class = _HeadersWithFirstWrite if first else web.StreamResponse
         response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
-        writer = cls(response, ping_interval)
+        writer = cls(response, ping_interval, write_timeout)
         if first:
             await writer.send(first)
         if ping_interval > 0:
@@ -72,20 +95,15 @@ class SSEWriter:
     def response(self) -> web.StreamResponse:
         return self._response
 
-    def frame(self, data: bytes) -> bytes:
-        """One event frame with the next sequence number."""
-        self.seq += 1
-        return b"id: %d\ndata: %b\n\n" % (self.seq, data)
-
-    async def send(self, payloads: Iterable[bytes]) -> None:
-        """Frame each JSON payload and write them all at once."""
-        body = b"".join([self.frame(p) for p in payloads])
-        if body:
-            self._last_write = time.monotonic()
-            await self._response.write(body)
+    async def send(self, events: list[tuple[int, bytes]]) -> None:
+        """Frame each (seq, JSON payload) event and write them all at once."""
+        if events:
+            self.last_seq = events[-1][0]
+            await self._write(b"".join([b"id: %d\ndata: %b\n\n" % e for e in events]))
 
     async def send_error(self, error: dict) -> None:
-        await self._write(self.frame(orjson.dumps({"error": error})))
+        """An error that is not an event of the run (it gets no id)."""
+        await self._write(b"data: %b\n\n" % orjson.dumps({"error": error}))
 
     async def close(self) -> None:
         """Write `[DONE]` and end the response; safe to call on a broken connection."""
@@ -98,8 +116,15 @@ class SSEWriter:
         self._stop_heartbeat()
 
     async def _write(self, body: bytes) -> None:
-        self._last_write = time.monotonic()
-        await self._response.write(body)
+        began = self._last_write = time.monotonic()
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await self._response.write(body)
+        except TimeoutError:
+            raise SlowClient from None
+        took = time.monotonic() - began
+        if took > _BLOCKED:
+            self.blocked += took
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

@@ -207,6 +207,7 @@ class Engine:
         self._step_index += 1
         scheduled = self.scheduler.schedule()
         self._last_step_tokens = scheduled.num_tokens
+        self._report_admissions(scheduled.work, outputs)
         if scheduled.work:
             try:
                 samplers, logits = self.runner.execute(scheduled.work)
@@ -271,6 +272,19 @@ class Engine:
                 )
                 self.scheduler.finish(seq)
         self._abort_pending.clear()
+
+    def _report_admissions(
+        self, work: list[tuple[Sequence, int]], outputs: dict[str, RequestOutput]
+    ) -> None:
+        """The first time a request is scheduled it has left the queue: say so, before any text.
+
+        NOTE: once per request; a preempted sequence scheduled again, or a choice forked or
+        scheduled after its leader, belongs to a request already admitted."""
+        for seq, _ in work:
+            req = self._requests[seq.request_id]
+            if not req.admitted:
+                req.admitted = True
+                self._out(outputs, req.request_id).events.append(protocol.admitted_event())
 
     def _fork_children(self, leader: Sequence) -> list[Sequence]:
         """The leader just computed the prompt: its siblings start from its KV."""

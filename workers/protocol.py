@@ -151,6 +151,11 @@ def start_event(prompt_tokens: int) -> dict[str, Any]:
     return {"type": "start", "prompt_tokens": prompt_tokens}
 
 
+def admitted_event() -> dict[str, Any]:
+    """Once per request, when the engine first schedules it: it has left the queue."""
+    return {"type": "admitted"}
+
+
 def text_event(
     index: int, text: str, tokens: int, logprobs: list[dict[str, Any]] | None
 ) -> dict[str, Any]:

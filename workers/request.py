@@ -151,6 +151,7 @@ class Request:
     params: SamplingParams
     sequences: list[Sequence]
     status: RequestStatus = RequestStatus.WAITING
+    admitted: bool = False  # the `admitted` line was sent (once: not again after a preemption)
 
     @property
     def is_finished(self) -> bool:

@@ -1,16 +1,14 @@
-"""`POST /v1/chat/completions`: parse, route to the model's adapter, delegate."""
+"""`POST /v1/chat/completions`: parse, route to the model's adapter, start a run, answer from it."""
 
 from __future__ import annotations
-
-import uuid
 
 import orjson
 from aiohttp import web
 
-from gateway.completions import complete, stream_completion
 from gateway.errors import APIError, invalid_request, model_not_found
-from gateway.keys import CATALOG, MODEL_LABEL
+from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, RUNS, SETTINGS, STARTED
 from gateway.protocol import parse_chat_request
+from gateway.streaming import respond_with_result, stream_run
 
 
 async def read_json(request: web.Request) -> object:
@@ -46,7 +44,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             f"'{param}' is not supported by model '{chat.model}'.",
             code="unsupported_parameter",
         )
-    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    driver = await request.app[RUNS].start(
+        chat,
+        adapter,
+        request[PRINCIPAL].tenant,
+        started=request[STARTED],
+        deadlines=request.app[SETTINGS].deadlines(),
+    )
     if chat.stream:
-        return await stream_completion(request, chat, adapter, completion_id)
-    return await complete(request, chat, adapter, completion_id)
+        return await stream_run(request, driver.run_id)
+    return await respond_with_result(request, driver.run_id)

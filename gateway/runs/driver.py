@@ -1,45 +1,38 @@
 """Drives one run: adapter events → rendered chunks in the run's event log → one terminal state.
 
 The driver runs as its own task, apart from any HTTP connection: clients follow the event log
-(and may come and go); the driver alone talks to the upstream. Every way a run can end — done,
-upstream error, cancel (from any source), a deadline — goes through `_end`, and the store's
-compare-and-set makes the first of them the only one. Leaving the adapter's `aclosing` block
-closes the upstream stream, which aborts the work there.
+(and may come and go); the driver alone talks to the upstream. The first of completion, an
+upstream failure, a cancel (from any source) or a deadline becomes the run's decision; the store's
+compare-and-set makes its terminal state the only one.
+
+A cancel or a deadline ends the run for its clients at once (terminal state and error frame
+written first), then asks the upstream to stop at its next step and keeps reading until the
+upstream confirms: what arrives meanwhile is the tail, counted and never sent. An upstream that
+cannot abort in-band, or does not confirm within `confirm_timeout`, has its stream closed, which
+aborts the work there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
-
-import orjson
 
 from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable
-from adapters.events import ErrorEvent, Event, TextDelta, ToolCallDelta
+from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
 from adapters.requests import ChatRequest
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
-from gateway.runs.state import TERMINAL_ERROR_CODE, RunStatus
-from gateway.runs.store import RunStore, TerminalRecord
+from gateway.errors import from_backend
+from gateway.metrics import GatewayMetrics
+from gateway.runs.accounting import Decision, RunAccounting
+from gateway.runs.deadlines import Deadlines
+from gateway.runs.endings import ending
+from gateway.runs.state import RunStatus
+from gateway.runs.store import LogClosed, RunStore, TerminalRecord
 
 BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed)
-
-
-@dataclass(slots=True, frozen=True)
-class Deadlines:
-    """Seconds; None means no limit. Each one that fires is its own terminal cause."""
-
-    ttft: float | None = None  # run start → first token
-    inter_token: float | None = None  # between tokens
-    total: float | None = None  # run start → end
-
-
-_MESSAGES = {
-    "cancelled": "The run was cancelled.",
-    "timeout": "The run exceeded its deadline.",
-    "upstream_error": "The model backend failed to process the request.",
-}
 
 
 class RunDriver:
@@ -49,130 +42,228 @@ class RunDriver:
         adapter: Adapter,
         run_id: str,
         chat: ChatRequest,
-        deadlines: Deadlines = Deadlines(),
+        *,
+        tenant: str = "",
+        deadlines: Deadlines | None = None,
+        metrics: GatewayMetrics | None = None,
+        started: float | None = None,
+        confirm_timeout: float = 5.0,
     ) -> None:
         self.store = store
         self.adapter = adapter
         self.run_id = run_id
         self.chat = chat
-        self.deadlines = deadlines
+        self.tenant = tenant
+        self.deadlines = deadlines or Deadlines()
+        self.confirm_timeout = confirm_timeout
+        self.started = time.monotonic() if started is None else started
+        self.acct = RunAccounting(metrics or GatewayMetrics(), chat.model, self.started)
         self.renderer = ChunkRenderer(run_id, chat.model)
         self.builder = CompletionBuilder(chat.n)
-        self.cancel_source: str | None = None
-        self.first_token_at: float | None = None
+        self.decision: Decision | None = None
         self.terminal: TerminalRecord | None = None
-        self._task: asyncio.Task[TerminalRecord] | None = None
+        self.admitted = False
+        self._opened = False  # the role chunks are in the log
+        self._task: asyncio.Task[TerminalRecord | None] | None = None
+        self._stopper: asyncio.Task[None] | None = None
         self._started = False
+        self._reading = False  # inside the upstream stream: cancelling the task closes it
 
     @property
-    def task(self) -> asyncio.Task[TerminalRecord] | None:
+    def task(self) -> asyncio.Task[TerminalRecord | None] | None:
         return self._task
 
-    def start(self) -> asyncio.Task[TerminalRecord]:
+    @property
+    def cancel_source(self) -> str | None:
+        return self.decision.source if self.decision else None
+
+    def start(self) -> asyncio.Task[TerminalRecord | None]:
         self._task = asyncio.create_task(self.run(), name=f"run {self.run_id}")
         return self._task
 
-    def cancel(self, source: str) -> None:
-        """Stop the run (idempotent); `source` is `client`, `disconnect`, `safety`, …"""
-        if self._task is None or self._task.done() or self.cancel_source is not None:
-            return
-        self.cancel_source = source
-        # NOTE: a task cancelled before its first step never runs a line of `run`, so no terminal
-        # state would be written; an unstarted run sees `cancel_source` as it begins instead.
-        if self._started:
+    def cancel(self, source: str) -> bool:
+        """Stop the run (idempotent); `source` is `client`, `disconnect`, `safety`, …
+        False when its fate was already decided."""
+        return self._decide(RunStatus.CANCELLED, f"cancel:{source}", source)
+
+    async def run(self) -> TerminalRecord | None:
+        self._started = True
+        try:
+            if self.decision is None:
+                await self._drive()
+            elif self.decision.source is not None:  # cancelled before the first step
+                self.acct.confirmed_at = self.decision.at  # nothing was started upstream
+                await self._end()
+        except asyncio.CancelledError:
+            if self.decision is None:  # the gateway is shutting down
+                self._decide(RunStatus.FAILED, "shutdown")
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._end())
+                raise
+        except BACKEND_ERRORS as exc:
+            if self.decision is None:
+                status = (
+                    RunStatus.REJECTED if isinstance(exc, BackendRejected) else RunStatus.FAILED
+                )
+                self._decide(status, f"upstream:{type(exc).__name__}")
+                await self._end(exc)
+        finally:
+            if self._stopper is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._stopper)
+            self.acct.settle(self.run_id, self.tenant, self.decision, self.terminal)
+        return self.terminal
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def _decide(self, status: RunStatus, cause: str, source: str | None = None) -> bool:
+        if self.decision is not None or (self._task is not None and self._task.done()):
+            return False
+        self.decision = Decision(status, cause, source, time.monotonic())
+        if source is not None and self._started:
+            self._stopper = asyncio.create_task(self._stop(), name=f"stop {self.run_id}")
+        return True
+
+    async def _stop(self) -> None:
+        """A cancel or a deadline: end the run for its clients now, then stop the upstream."""
+        await self._end()
+        try:
+            in_band = await self.adapter.abort(self.run_id)
+        except Exception:  # any failure here means: close the stream instead
+            in_band = False
+        if not in_band and self._reading and self._task is not None:
             self._task.cancel()
 
-    async def run(self) -> TerminalRecord:
-        self._started = True
-        if self.cancel_source is not None:
-            return await self._end(RunStatus.CANCELLED, f"cancel:{self.cancel_source}")
-        started = time.monotonic()
-        last_token_at = started
-        await self.store.advance(self.run_id, RunStatus.QUEUED)
-        try:
-            async with aclosing(self.adapter.stream(self.chat, self.run_id)) as events:
-                await self.store.append(
-                    self.run_id, [self.renderer.role(i) for i in range(self.chat.n)]
-                )
-                while True:
-                    kind, wait = self._next_deadline(started, last_token_at)
-                    try:
-                        async with asyncio.timeout(wait):
-                            batch = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        return await self._end(RunStatus.TIMED_OUT, f"deadline:{kind}")
-                    if any(type(e) is TextDelta or type(e) is ToolCallDelta for e in batch):
-                        last_token_at = time.monotonic()
-                        if self.first_token_at is None:
-                            self.first_token_at = last_token_at
-                            await self.store.advance(self.run_id, RunStatus.DECODING)
-                    failure = await self._record(batch)
-                    if failure is not None:
-                        return await self._end(RunStatus.FAILED, failure.code)
-            return await self._complete()
-        except asyncio.CancelledError:
-            if self.cancel_source is None:
-                raise  # the gateway is shutting down, not a cancel
-            return await self._end(RunStatus.CANCELLED, f"cancel:{self.cancel_source}")
-        except BACKEND_ERRORS as exc:
-            status = RunStatus.REJECTED if isinstance(exc, BackendRejected) else RunStatus.FAILED
-            return await self._end(status, type(exc).__name__)
+    # -- driving ---------------------------------------------------------------------------------
 
-    def _next_deadline(self, started: float, last_token_at: float) -> tuple[str, float | None]:
+    async def _drive(self) -> None:
+        await self.store.advance(self.run_id, RunStatus.QUEUED)
+        async with aclosing(self.adapter.stream(self.chat, self.run_id)) as events:
+            self._reading = True
+            try:
+                ended = await self._read(events)
+            finally:
+                self._reading = False
+        if self.decision is None:
+            await self._complete()
+        elif ended and self.decision.source is not None:
+            self.acct.confirmed_at = time.monotonic()  # the upstream ended the stream itself
+
+    async def _read(self, events: AsyncIterator[list[Event]]) -> bool:
+        """Record batches until the stream ends (True), or fails or a stop is not confirmed in
+        time (False)."""
+        while True:
+            kind, wait = self._next_deadline()
+            try:
+                async with asyncio.timeout(wait):
+                    batch = await anext(events)
+            except StopAsyncIteration:
+                return True
+            except TimeoutError:
+                if self.decision is not None:
+                    return False  # never confirmed: leaving `aclosing` closes the stream
+                self._decide(RunStatus.TIMED_OUT, f"deadline:{kind}", "timeout")
+                continue
+            if self.decision is not None:
+                self.acct.held_back(batch)
+            elif not await self._record(batch):
+                return False
+
+    def _next_deadline(self) -> tuple[str, float | None]:
         """The deadline that fires first from now, and the seconds left until it."""
         now = time.monotonic()
+        if self.decision is not None:
+            return "confirm", max(0.0, self.decision.at + self.confirm_timeout - now)
+        d, started = self.deadlines, self.started
         candidates = []
-        d = self.deadlines
         if d.total is not None:
             candidates.append(("total", started + d.total - now))
-        if self.first_token_at is None and d.ttft is not None:
+        if not self.admitted and d.queue is not None:
+            candidates.append(("queue", started + d.queue - now))
+        if self.acct.first_token_at is None and d.ttft is not None:
             candidates.append(("ttft", started + d.ttft - now))
-        if self.first_token_at is not None and d.inter_token is not None:
-            candidates.append(("inter_token", last_token_at + d.inter_token - now))
+        last = self.acct.last_token_at
+        if last is not None and d.inter_token is not None:
+            candidates.append(("inter_token", last + d.inter_token - now))
         if not candidates:
             return "none", None
         kind, left = min(candidates, key=lambda c: c[1])
         return kind, max(0.0, left)
 
-    async def _record(self, batch: list[Event]) -> ErrorEvent | None:
-        payloads = []
-        for event in batch:
-            if type(event) is ErrorEvent:
-                if payloads:
-                    await self.store.append(self.run_id, payloads)
-                return event
+    async def _record(self, batch: list[Event]) -> bool:
+        """Render a batch into the log; False once the upstream reported a failure."""
+        payloads: list[bytes] = []
+        failure: ErrorEvent | None = None
+        for i, event in enumerate(batch):
+            kind = type(event)
+            if kind is ErrorEvent:
+                failure, batch = event, batch[:i]
+                break
+            if kind is Admitted or (
+                not self.admitted and (kind is TextDelta or kind is ToolCallDelta)
+            ):
+                if not self.admitted:
+                    self.admitted = True
+                    await self.store.advance(self.run_id, RunStatus.ADMITTED)
+                if kind is Admitted:
+                    continue
             self.builder.add(event)
             chunk = self.renderer.render(event)
             if chunk is not None:
                 payloads.append(chunk)
         if payloads:
-            await self.store.append(self.run_id, payloads)
-        return None
+            if not self._opened:
+                self._opened = True
+                payloads[:0] = [self.renderer.role(i) for i in range(self.chat.n)]
+                await self.store.advance(self.run_id, RunStatus.DECODING)
+            try:
+                await self.store.append(self.run_id, payloads)
+            except LogClosed:  # the run was ended while this batch was on its way
+                self.acct.held_back(batch)
+                # NOTE: a local cancel decided first; otherwise another replica ended the run
+                # (it saw this replica's lease lapse): stop the upstream all the same.
+                self._decide(RunStatus.FAILED, "ended_elsewhere", "lost")
+                return True
+        self.acct.sent(batch)
+        if failure is not None:
+            self._decide(RunStatus.FAILED, f"upstream:{failure.code}")
+            error = {"message": failure.message, "type": failure.type, "param": None}
+            await self._end(error=error | {"code": failure.code})
+            return False
+        return True
 
-    async def _complete(self) -> TerminalRecord:
-        await self.store.advance(self.run_id, RunStatus.FINALIZING)
+    async def _complete(self) -> None:
+        self._decide(RunStatus.COMPLETED, "completed")
         if self.chat.include_usage and self.builder.usage is not None:
-            await self.store.append(self.run_id, [self.renderer.usage(self.builder.usage)])
+            with contextlib.suppress(LogClosed):
+                await self.store.append(self.run_id, [self.renderer.usage(self.builder.usage)])
         completion = self.builder.build(self.run_id, self.chat.model, int(time.time()))
         reason = completion["choices"][0]["finish_reason"] if completion["choices"] else None
-        return await self._finish(
-            TerminalRecord(RunStatus.COMPLETED, "completed", reason, completion, at=time.time())
+        record = TerminalRecord(
+            RunStatus.COMPLETED, "completed", reason, completion, at=time.time()
         )
+        await self._finish(record, None)
 
-    async def _end(self, status: RunStatus, cause: str) -> TerminalRecord:
-        code = TERMINAL_ERROR_CODE[status]
-        message = _MESSAGES.get(code, "The request was rejected.")
-        error = {"message": message, "type": "server_error", "param": None, "code": code}
-        record = TerminalRecord(status, cause, None, None, error, at=time.time())
-        run = await self.store.get(self.run_id)
-        if not run.status.is_terminal:
-            await self.store.append(self.run_id, [orjson.dumps({"error": error})])
-        return await self._finish(record)
+    async def _end(self, exc: BaseException | None = None, error: dict | None = None) -> None:
+        """Write the decided early ending: an error frame in the stream, or, when the upstream
+        refused the run before any event, an HTTP error for the request that started it."""
+        assert self.decision is not None
+        completion = None
+        if self._opened:
+            completion = self.builder.build(self.run_id, self.chat.model, int(time.time()))
+        record, frame = ending(self.decision.status, self.decision.cause, completion, error)
+        if exc is not None and not self._opened:
+            frame = None
+            api = from_backend(exc)
+            error = api.body()["error"]
+            record = TerminalRecord(
+                record.status, record.cause, None, None, error, record.at, api.status, api.headers
+            )
+        await self._finish(record, frame)
 
-    async def _finish(self, record: TerminalRecord) -> TerminalRecord:
-        if not await self.store.finish(self.run_id, record):
-            record = (await self.store.get(self.run_id)).terminal  # someone else ended it
-        self.terminal = record
-        return record
+    async def _finish(self, record: TerminalRecord, frame: bytes | None) -> None:
+        if self.terminal is not None:
+            return
+        won = await self.store.finish(self.run_id, record, frame)
+        self.acct.terminal_at = time.monotonic()
+        self.terminal = record if won else (await self.store.get(self.run_id)).terminal

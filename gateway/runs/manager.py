@@ -1,112 +1,208 @@
 """The runs this gateway replica drives, their followers, and the disconnect grace window.
 
-A run lives apart from the connection that started it. Each follower (a streaming response,
-a resume, a waiting non-stream request) attaches while it reads; when the last one detaches from
-a live run, a grace timer starts, and if nobody attaches again before it ends the run is
-cancelled with source `disconnect` (DESIGN §4).
+A run lives apart from the connection that started it. Each follower (a streaming response, a
+resume, a waiting non-stream request) is counted in the store while it reads, so replicas see
+each other's followers; when the count falls to zero on a live run, a grace timer starts, and
+if nobody follows again before it ends the run is cancelled with source `disconnect`
+(DESIGN §4). A cancel for a run driven by another replica travels through the store. Each
+replica renews an owner lease; a follower that finds a live run whose owner's lease lapsed
+marks it failed, so nobody waits on a dead replica forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import structlog
 
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
-from gateway.runs.driver import Deadlines, RunDriver
+from gateway.metrics import GatewayMetrics
+from gateway.runs.deadlines import Deadlines
+from gateway.runs.driver import RunDriver
+from gateway.runs.endings import LOST_CAUSE, ending
+from gateway.runs.state import RunStatus
 from gateway.runs.store import RunRecord, RunStore, TerminalRecord
+
+log = structlog.get_logger("sluice.runs")
 
 
 class RunManager:
-    def __init__(self, store: RunStore, disconnect_grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        metrics: GatewayMetrics | None = None,
+        *,
+        disconnect_grace: float = 10.0,
+        confirm_timeout: float = 5.0,
+        lease_ttl: float | None = None,
+        owner: str | None = None,
+    ) -> None:
+        """`lease_ttl` None: one replica (in-process store), no leases to keep or check."""
         self.store = store
+        self.metrics = metrics or GatewayMetrics()
         self.disconnect_grace = disconnect_grace
+        self.confirm_timeout = confirm_timeout
+        self.lease_ttl = lease_ttl
+        self.owner = owner or uuid.uuid4().hex[:12]
         self.drivers: dict[str, RunDriver] = {}
-        self._followers: dict[str, int] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- life of the replica --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Start the background work: the owner lease and, with replicas, the cancel listener."""
+        if self.lease_ttl is not None:
+            await self.store.keep_alive(self.owner, self.lease_ttl)
+            self._spawn(self._keep_lease(self.lease_ttl))
+            self._spawn(self._listen_for_cancels())
+
+    async def close(self) -> None:
+        """Shutdown: stop driving (runs left live elsewhere are failed by the owner lease)."""
+        for timer in self._grace.values():
+            timer.cancel()
+        tasks = [d.task for d in self.drivers.values() if d.task is not None]
+        tasks += list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep_lease(self, ttl: float) -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self.store.keep_alive(self.owner, ttl)
+            except Exception as exc:  # the store is down: keep trying, others will judge
+                log.warning("owner lease not renewed", error=type(exc).__name__)
+
+    async def _listen_for_cancels(self) -> None:
+        async for run_id, source in self.store.cancel_signals():
+            driver = self.drivers.get(run_id)
+            if driver is not None:
+                driver.cancel(source)
+
+    # -- runs ------------------------------------------------------------------------------------
 
     async def start(
         self,
         chat: ChatRequest,
         adapter: Adapter,
         tenant: str,
+        *,
+        started: float | None = None,
         deadlines: Deadlines | None = None,
         run_id: str | None = None,
     ) -> RunDriver:
         """Create a run and start driving it; the caller attaches to follow it."""
         run_id = run_id or "chatcmpl-" + uuid.uuid4().hex
-        await self.store.create(
-            RunRecord(run_id, tenant, chat.model, time.time(), stream=chat.stream)
+        record = RunRecord(
+            run_id, tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
-        driver = RunDriver(self.store, adapter, run_id, chat, deadlines or Deadlines())
+        await self.store.create(record)
+        driver = RunDriver(
+            self.store,
+            adapter,
+            run_id,
+            chat,
+            tenant=tenant,
+            deadlines=deadlines or Deadlines(),
+            metrics=self.metrics,
+            started=started,
+            confirm_timeout=self.confirm_timeout,
+        )
         self.drivers[run_id] = driver
         driver.start().add_done_callback(lambda _: self._forget(run_id))
         return driver
 
-    def cancel(self, run_id: str, source: str) -> bool:
-        """Cancel a run driven here; False when it is not (unknown, ended, or another replica)."""
+    async def cancel(self, run_id: str, source: str) -> None:
+        """Cancel a run wherever it is driven (idempotent; a no-op once it has ended)."""
         driver = self.drivers.get(run_id)
-        if driver is None:
-            return False
-        driver.cancel(source)
-        return True
+        if driver is not None:
+            driver.cancel(source)
+        else:
+            await self.store.signal_cancel(run_id, source)
 
-    def attach(self, run_id: str) -> None:
-        self._followers[run_id] = self._followers.get(run_id, 0) + 1
+    async def get(self, run_id: str) -> RunRecord:
+        """The run's record, after failing it if its owner is gone. Raises UnknownRun."""
+        record = await self.store.get(run_id)
+        if record.status.is_terminal or self.lease_ttl is None or record.owner == self.owner:
+            return record
+        if await self.store.owner_alive(record.owner):
+            return record
+        lost, frame = ending(RunStatus.FAILED, LOST_CAUSE)
+        if await self.store.finish(run_id, lost, frame):
+            log.warning("run failed: its replica is gone", run_id=run_id, owner=record.owner)
+        return await self.store.get(run_id)
+
+    # -- followers -------------------------------------------------------------------------------
+
+    async def attach(self, run_id: str) -> None:
         timer = self._grace.pop(run_id, None)
         if timer is not None:
             timer.cancel()
+        await self.store.add_follower(run_id, 1)
 
-    def detach(self, run_id: str) -> None:
-        left = self._followers.get(run_id, 0) - 1
-        if left > 0:
-            self._followers[run_id] = left
+    async def detach(self, run_id: str) -> None:
+        if await self.store.add_follower(run_id, -1) > 0:
             return
-        self._followers.pop(run_id, None)
-        if run_id in self.drivers and run_id not in self._grace:
-            loop = asyncio.get_running_loop()
-            self._grace[run_id] = loop.call_later(self.disconnect_grace, self._grace_over, run_id)
+        if run_id in self._grace:
+            return
+        loop = asyncio.get_running_loop()
+        self._grace[run_id] = loop.call_later(
+            self.disconnect_grace, lambda: self._spawn(self._grace_over(run_id))
+        )
 
-    def followers(self, run_id: str) -> int:
-        return self._followers.get(run_id, 0)
+    async def followers(self, run_id: str) -> int:
+        return await self.store.add_follower(run_id, 0)
 
-    async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[list[tuple[int, bytes]]]:
+    async def follow(
+        self, run_id: str, after: int = 0, limit: int = 0
+    ) -> AsyncIterator[list[tuple[int, bytes]]]:
         """Events with seq > after, in order, as they come, until the run has ended and every
         event was read. Raises ResumeWindowExpired if `after` is no longer retained."""
+        check_every = None if self.lease_ttl is None else self.lease_ttl / 2
         while True:
-            events = await self.store.read(run_id, after)
+            events = await self.store.read(run_id, after, limit)
             if events:
                 after = events[-1][0]
                 yield events
                 continue
-            record = await self.store.get(run_id)
+            record = await self.get(run_id)
             if record.status.is_terminal and record.last_seq <= after:
                 return
-            await self.store.wait(run_id, after)
+            if record.last_seq <= after:
+                await self._wait(run_id, after, check_every)
 
     async def result(self, run_id: str) -> TerminalRecord:
         """Wait for the run's terminal record."""
+        check_every = None if self.lease_ttl is None else self.lease_ttl / 2
         while True:
-            record = await self.store.get(run_id)
+            record = await self.get(run_id)
             if record.terminal is not None:
                 return record.terminal
-            await self.store.wait(run_id, record.last_seq)
+            await self._wait(run_id, record.last_seq, check_every)
 
-    async def close(self) -> None:
-        """Shutdown: stop driving (runs left live are failed by the owner lease elsewhere)."""
-        for timer in self._grace.values():
-            timer.cancel()
-        tasks = [d.task for d in self.drivers.values() if d.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async def _wait(self, run_id: str, after: int, within: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self.store.wait(run_id, after)
 
-    def _grace_over(self, run_id: str) -> None:
+    async def _grace_over(self, run_id: str) -> None:
         self._grace.pop(run_id, None)
-        if self.followers(run_id) == 0:
-            self.cancel(run_id, "disconnect")
+        record = await self.store.get(run_id)
+        if not record.status.is_terminal and await self.followers(run_id) == 0:
+            await self.cancel(run_id, "disconnect")
 
     def _forget(self, run_id: str) -> None:
         self.drivers.pop(run_id, None)

@@ -6,6 +6,7 @@ a Redis backend. The store owns run state; the run driver and the HTTP handlers 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,10 +21,16 @@ class ResumeWindowExpired(LookupError):
     """The events after the requested sequence number are no longer retained."""
 
 
+class LogClosed(Exception):
+    """The run has ended: its event log takes nothing more."""
+
+
 @dataclass(slots=True, frozen=True)
 class TerminalRecord:
     """How a run ended. `cause` separates e.g. the deadlines (`deadline:ttft`) or cancel sources
-    (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object."""
+    (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object.
+    `http_status` is set when the run failed before its first event, so the request that started
+    it can still answer with a plain HTTP error instead of a stream."""
 
     status: RunStatus
     cause: str
@@ -31,6 +38,8 @@ class TerminalRecord:
     completion: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     at: float = 0.0
+    http_status: int | None = None
+    http_headers: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.status.is_terminal:
@@ -47,6 +56,7 @@ class RunRecord:
     status: RunStatus = RunStatus.RECEIVED
     terminal: TerminalRecord | None = None
     last_seq: int = 0
+    owner: str = ""  # the gateway replica driving the run
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -60,15 +70,34 @@ class RunStore(Protocol):
     async def advance(self, run_id: str, status: RunStatus) -> bool:
         """Move a live run forward to a non-terminal status; False if it cannot."""
 
-    async def finish(self, run_id: str, terminal: TerminalRecord) -> bool:
-        """The one terminal transition (compare-and-set): True for the first caller only."""
+    async def finish(
+        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+    ) -> bool:
+        """The one terminal transition (compare-and-set): True for the first caller only, whose
+        `final` event (if any) is appended to the log in the same step."""
 
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
-        """Append events in order; returns the last sequence number given."""
+        """Append events in order; returns the last sequence number given; raises LogClosed."""
 
-    async def read(self, run_id: str, after: int) -> list[tuple[int, bytes]]:
-        """Retained events with seq > after, in order; raises ResumeWindowExpired."""
+    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+        """Retained events with seq > after, in order (at most `limit`, 0 = all); raises
+        ResumeWindowExpired."""
 
     async def wait(self, run_id: str, after: int) -> None:
         """Return once an event with seq > after exists or the run ended (callers bound it with
-        `asyncio.timeout` to send heartbeats meanwhile)."""
+        `asyncio.timeout` to check on the run's owner meanwhile)."""
+
+    async def add_follower(self, run_id: str, delta: int) -> int:
+        """Count a follower in (+1) or out (-1), across replicas; returns the count now."""
+
+    async def signal_cancel(self, run_id: str, source: str) -> None:
+        """Ask the replica that drives the run to cancel it."""
+
+    def cancel_signals(self) -> AsyncIterator[tuple[str, str]]:
+        """(run id, source) of cancels asked of any replica, as they come."""
+
+    async def keep_alive(self, owner: str, ttl: float) -> None:
+        """Renew the lease that says replica `owner` is alive."""
+
+    async def owner_alive(self, owner: str) -> bool:
+        """Whether replica `owner` renewed its lease in time."""

@@ -2,22 +2,34 @@
 
 Transitions run as Lua scripts, so "append only while live" and "the one terminal transition" hold
 across replicas without read-modify-write races. Followers learn of new events from a pub/sub
-channel per run (the store is re-read after subscribing, so nothing is missed in between).
-Ended runs expire after `retention` seconds; a log keeps at most `max_events` entries.
+channel per run, cancels travel on one channel for all replicas, and each replica keeps a lease
+key alive so others can tell a run whose owner died. Ended runs expire after `retention`
+seconds; a log keeps at most `max_events` entries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any
 
 import orjson
 from redis.asyncio import Redis
 
+from gateway.runs.redis_notify import Notifier
 from gateway.runs.state import RunStatus
-from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store import (
+    LogClosed,
+    ResumeWindowExpired,
+    RunRecord,
+    TerminalRecord,
+    UnknownRun,
+)
 
 TERMINAL = int(RunStatus.COMPLETED)
+_POLL = 0.5  # seconds between re-reads while waiting (a missed publish costs at most this)
 
 # KEYS: run hash, events stream, notify channel; ARGV: max_events, payload...
 _APPEND = """
@@ -34,11 +46,17 @@ redis.call('PUBLISH', KEYS[3], seq)
 return seq
 """.replace("TERMINAL", str(TERMINAL))
 
-# KEYS: run hash, events stream, notify channel; ARGV: status, terminal json, retention seconds
+# KEYS: run hash, events stream, notify channel
+# ARGV: status, terminal json, retention seconds, max_events[, final payload]
 _FINISH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
 if tonumber(status) >= TERMINAL then return 0 end
+if #ARGV >= 5 then
+  local seq = tonumber(redis.call('HGET', KEYS[1], 'last_seq')) + 1
+  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], seq .. '-0', 'd', ARGV[5])
+  redis.call('HSET', KEYS[1], 'last_seq', seq)
+end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'terminal', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
@@ -59,23 +77,12 @@ return 1
 
 
 def _terminal_json(t: TerminalRecord) -> bytes:
-    return orjson.dumps(
-        {
-            "status": int(t.status),
-            "cause": t.cause,
-            "finish_reason": t.finish_reason,
-            "completion": t.completion,
-            "error": t.error,
-            "at": t.at,
-        }
-    )
+    return orjson.dumps(asdict(t) | {"status": int(t.status)})
 
 
 def _terminal_from(raw: bytes) -> TerminalRecord:
     d = orjson.loads(raw)
-    return TerminalRecord(
-        RunStatus(d["status"]), d["cause"], d["finish_reason"], d["completion"], d["error"], d["at"]
-    )
+    return TerminalRecord(**(d | {"status": RunStatus(d["status"])}))
 
 
 class RedisRunStore:
@@ -84,7 +91,7 @@ class RedisRunStore:
         redis: Redis,
         prefix: str = "sluice:",
         max_events: int = 4096,
-        retention: float = 3600.0,
+        retention: float = 600.0,
         live_ttl: float = 86400.0,
     ) -> None:
         self.redis = redis
@@ -95,10 +102,14 @@ class RedisRunStore:
         self._append = redis.register_script(_APPEND)
         self._finish = redis.register_script(_FINISH)
         self._advance = redis.register_script(_ADVANCE)
+        self.notifier = Notifier(redis, f"{prefix}cancel")
 
     def _keys(self, run_id: str) -> list[str]:
         base = f"{self.prefix}run:{run_id}"
         return [base, f"{base}:events", f"{base}:notify"]
+
+    async def close(self) -> None:
+        await self.notifier.close()
 
     async def create(self, record: RunRecord) -> None:
         key = self._keys(record.run_id)[0]
@@ -109,6 +120,8 @@ class RedisRunStore:
             "stream": int(record.stream),
             "status": int(record.status),
             "last_seq": 0,
+            "owner": record.owner,
+            "followers": 0,
             "meta": orjson.dumps(record.meta),
         }
         if not await self.redis.hsetnx(key, "status", int(record.status)):
@@ -132,6 +145,7 @@ class RedisRunStore:
             status=RunStatus(int(raw[b"status"])),
             terminal=_terminal_from(terminal) if terminal else None,
             last_seq=int(raw[b"last_seq"]),
+            owner=raw.get(b"owner", b"").decode(),
             meta=orjson.loads(raw[b"meta"]),
         )
 
@@ -141,8 +155,12 @@ class RedisRunStore:
             raise UnknownRun(run_id)
         return result == 1
 
-    async def finish(self, run_id: str, terminal: TerminalRecord) -> bool:
-        args = [int(terminal.status), _terminal_json(terminal), self.retention]
+    async def finish(
+        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+    ) -> bool:
+        args = [int(terminal.status), _terminal_json(terminal), self.retention, self.max_events]
+        if final is not None:
+            args.append(final)
         result = await self._finish(keys=self._keys(run_id), args=args)
         if result == -1:
             raise UnknownRun(run_id)
@@ -153,32 +171,53 @@ class RedisRunStore:
         if result == -1:
             raise UnknownRun(run_id)
         if result == -2:
-            raise ValueError(f"run {run_id} has ended; its log is closed")
+            raise LogClosed(run_id)
         return int(result)
 
-    async def read(self, run_id: str, after: int) -> list[tuple[int, bytes]]:
+    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
         key, events, _ = self._keys(run_id)
         last = await self.redis.hget(key, "last_seq")
         if last is None:
             raise UnknownRun(run_id)
         if after >= int(last):
             return []
-        entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+")
+        entries = await self.redis.xrange(
+            events, min=f"{after + 1}-0", max="+", count=limit if limit > 0 else None
+        )
         if not entries or int(entries[0][0].split(b"-")[0]) != after + 1:
             raise ResumeWindowExpired(run_id)
         return [(int(eid.split(b"-")[0]), fields[b"d"]) for eid, fields in entries]
 
     async def wait(self, run_id: str, after: int) -> None:
-        channel = self._keys(run_id)[2]
-        pubsub = self.redis.pubsub()
-        await pubsub.subscribe(channel)
-        try:
+        key, _, channel = self._keys(run_id)
+        async with self.notifier.watching(channel) as changed:
             while True:
-                record = await self.get(run_id)
-                if record.last_seq > after or record.status.is_terminal:
+                changed.clear()
+                last_seq, status = await self.redis.hmget(key, ["last_seq", "status"])
+                if last_seq is None:
+                    raise UnknownRun(run_id)
+                if int(last_seq) > after or int(status) >= TERMINAL:
                     return
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                await asyncio.sleep(0)
-        finally:
-            await pubsub.unsubscribe(channel)
-            await pubsub.aclose()
+                # NOTE: the subscription may land after a publish that this re-read missed;
+                # the short poll bounds that rare wait.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_POLL):
+                        await changed.wait()
+
+    async def add_follower(self, run_id: str, delta: int) -> int:
+        key = self._keys(run_id)[0]
+        if not await self.redis.exists(key):
+            raise UnknownRun(run_id)
+        return max(0, int(await self.redis.hincrby(key, "followers", delta)))
+
+    async def signal_cancel(self, run_id: str, source: str) -> None:
+        await self.redis.publish(self.notifier.cancel_channel, f"{run_id} {source}")
+
+    def cancel_signals(self) -> AsyncIterator[tuple[str, str]]:
+        return self.notifier.cancels()
+
+    async def keep_alive(self, owner: str, ttl: float) -> None:
+        await self.redis.set(f"{self.prefix}owner:{owner}", 1, px=max(1, int(ttl * 1000)))
+
+    async def owner_alive(self, owner: str) -> bool:
+        return bool(await self.redis.exists(f"{self.prefix}owner:{owner}"))

@@ -14,6 +14,7 @@ import pytest
 from gateway.local_worker import free_port
 
 E2E_KEY = "sk-sluice-e2e"
+DISCONNECT_GRACE = 1.0
 
 
 class Served:
@@ -49,6 +50,8 @@ def served(tiny_model_dir) -> Served:
         str(port),
         "--max-body-bytes",
         str(256 * 1024),
+        "--disconnect-grace",
+        str(DISCONNECT_GRACE),
     ]
     proc = subprocess.Popen(cmd, env={**os.environ, "SLUICE_LOG_LEVEL": "warning"})
     deadline = time.monotonic() + 120

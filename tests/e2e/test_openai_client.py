@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.e2e.conftest import E2E_KEY
+from tests.e2e.conftest import DISCONNECT_GRACE, E2E_KEY
 
 PROMPT = [{"role": "user", "content": "Tell me a story about 你好 and café."}]
 
@@ -70,7 +70,9 @@ def test_stream_equals_non_stream_and_reports_usage(client, model, greedy):
 
 def test_max_tokens_gives_length_with_exactly_that_many_tokens(client, model):
     for n in (1, 7):
-        out = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=n)
+        out = client.chat.completions.create(
+            model=model, messages=PROMPT, max_tokens=n, temperature=0
+        )
         assert out.choices[0].finish_reason == "length"
         assert out.usage.completion_tokens == n
 
@@ -196,19 +198,26 @@ def test_raw_http_content_type_and_malformed_json(served, content_type, data, st
     assert resp.headers["x-request-id"].startswith("req_")
 
 
-def test_client_going_away_stops_the_worker(client, model, served):
+def test_client_going_away_cancels_the_run_after_the_grace_window(client, model, served):
     stream = client.chat.completions.create(
-        model=model, messages=PROMPT, max_tokens=400, stream=True
+        model=model, messages=PROMPT, max_tokens=900, temperature=0, stream=True
     )
-    for i, _ in enumerate(stream):
-        if i == 3:
-            break
+    chunks = iter(stream)
+    run_id = [next(chunks) for _ in range(4)][-1].id
     stream.close()
-    stats_url = f"{served.worker_url()}/v1/stats"
-    deadline = time.monotonic() + 10
+    gone_at = time.monotonic()
+    deadline = gone_at + 15
     while time.monotonic() < deadline:
-        stats = httpx.get(stats_url).json()
-        if stats["running"] == 0 and stats["waiting"] == 0:
+        run = client.chat.completions.retrieve(run_id)
+        if run.status != "in_progress":
             break
         time.sleep(0.05)
+    assert run.status == "cancelled"
+    assert time.monotonic() - gone_at >= DISCONNECT_GRACE * 0.9  # it waited for a resume
+    stats = httpx.get(f"{served.worker_url()}/v1/stats").json()
+    deadline = time.monotonic() + 10
+    while (stats["running"] or stats["waiting"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stats = httpx.get(f"{served.worker_url()}/v1/stats").json()
     assert stats["running"] == 0 and stats["waiting"] == 0
+    assert stats["kv_blocks_used"] == 0

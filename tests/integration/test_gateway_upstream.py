@@ -25,7 +25,9 @@ async def upstream(aiohttp_server):
 async def gateway(upstream, aiohttp_client):
     _, url = upstream
     models = ["scripted", "split", "tools", "broken", "reject", "crash", "slow"]
-    app = gateway_app(upstream=[f"{m}={url}" for m in models], ping_interval=0.05)
+    app = gateway_app(
+        upstream=[f"{m}={url}" for m in models], ping_interval=0.05, disconnect_grace=0
+    )
     return await aiohttp_client(app)
 
 
@@ -196,4 +198,4 @@ async def test_idle_stream_pings_and_metrics_parse(gateway):
         for s in families["sluice_tokens"].samples
         if s.name == "sluice_tokens_total"
     }
-    assert tokens == {"sent": 3.0, "prompt": 7.0, "generated": 3.0}
+    assert tokens == {"sent": 3.0, "prompt": 7.0, "generated": 3.0, "tail": 0.0}

@@ -131,7 +131,8 @@ async def test_generate_streams_ndjson(worker: Worker) -> None:
         assert response.headers["Content-Type"] == "application/x-ndjson"
         lines = [orjson.loads(line) async for line in response.content]
     assert lines[0] == {"type": "start", "prompt_tokens": 17}
-    assert {line["type"] for line in lines[1:-2]} == {"text"}
+    assert lines[1] == {"type": "admitted"}
+    assert {line["type"] for line in lines[2:-2]} == {"text"}
     assert lines[-2] == {"type": "finish", "index": 0, "reason": "length", "completion_tokens": 8}
     assert lines[-1] == {"type": "usage", "prompt_tokens": 17, "completion_tokens": 8}
 
@@ -152,6 +153,7 @@ async def test_abort_by_post(worker: Worker) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.post(worker.url + "/v1/generate", json=body("a1", max_tokens=1000)) as r:
             assert orjson.loads(await r.content.readline())["type"] == "start"
+            assert orjson.loads(await r.content.readline())["type"] == "admitted"
             assert orjson.loads(await r.content.readline())["type"] == "text"
             async with session.post(worker.url + "/v1/abort", json={"request_id": "a1"}) as a:
                 assert await a.json() == {"aborted": True}
@@ -179,11 +181,11 @@ async def test_closing_a_waiting_request_aborts_it_before_it_runs(worker: Worker
     async with aiohttp.ClientSession() as session:
         before = await generated_tokens(session, worker)
         async with session.post(url, json=body("w1", max_tokens=1000)) as first:
-            await first.content.readline()  # start
-            await first.content.readline()  # text: w1 is running now
+            assert orjson.loads(await first.content.readline())["type"] == "start"
+            assert orjson.loads(await first.content.readline())["type"] == "admitted"  # running
             second = await session.post(url, json=body("w2", max_tokens=1000))
             assert orjson.loads(await second.content.readline())["type"] == "start"
-            assert (await stats(session, worker))["waiting"] == 1
+            assert (await stats(session, worker))["waiting"] == 1  # queued: no `admitted` yet
             second.close()
             await asyncio.sleep(0.2)
             async with session.post(worker.url + "/v1/abort", json={"request_id": "w1"}):

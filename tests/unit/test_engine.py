@@ -240,7 +240,7 @@ def test_a_failing_forward_fails_its_step_and_the_loop_goes_on(
     results = run(engine)  # the next step (both requests) fails
     error = {"type": "error", "code": "engine_error", "message": "the model failed on this request"}
     assert results["early"].events[-1] == error
-    assert results["late"].events == [error]
+    assert results["late"].events == [{"type": "admitted"}, error]  # scheduled, then failed
     submit(engine, "after", ids, max_tokens=5, temperature=0.0)
     assert run(engine)["after"].finish()["completion_tokens"] == 5
     assert engine.blocks.num_used == 0

@@ -43,10 +43,11 @@ async def wait_idle(engine: AsyncEngine) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_stream_is_start_text_finish_usage(engine: AsyncEngine) -> None:
+async def test_a_stream_is_start_admitted_text_finish_usage(engine: AsyncEngine) -> None:
     events = [e async for e in engine.generate(request("r", temperature=0.0))]
     assert events[0] == {"type": "start", "prompt_tokens": 3}
-    assert {e["type"] for e in events[1:-2]} == {"text"}
+    assert events[1] == {"type": "admitted"}
+    assert {e["type"] for e in events[2:-2]} == {"text"}
     assert events[-2] == {"type": "finish", "index": 0, "reason": "length", "completion_tokens": 8}
     assert events[-1] == {"type": "usage", "prompt_tokens": 3, "completion_tokens": 8}
 

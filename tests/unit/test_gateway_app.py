@@ -12,9 +12,9 @@ from adapters.scripted import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
 
 
-async def make_client(aiohttp_client, script, model="scripted"):
+async def make_client(aiohttp_client, script, model="scripted", **settings):
     adapter = ScriptedAdapter(model, script)
-    return adapter, await aiohttp_client(gateway_app(adapters=[adapter]))
+    return adapter, await aiohttp_client(gateway_app(adapters=[adapter], **settings))
 
 
 async def post(client, **body):
@@ -74,7 +74,12 @@ async def test_error_event_without_stream_is_a_502(aiohttp_client):
     )
     resp = await post(client)
     assert resp.status == 502
-    assert (await resp.json())["error"]["code"] == "upstream_error"
+    assert (await resp.json())["error"] == {
+        "message": "failed",
+        "type": "server_error",
+        "param": None,
+        "code": "worker_error",
+    }
 
 
 @pytest.mark.parametrize(
@@ -104,7 +109,7 @@ async def test_backend_failure_after_first_event_is_an_error_frame(aiohttp_clien
 
 async def test_disconnect_closes_the_adapter_stream(aiohttp_client):
     adapter, client = await make_client(
-        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02)
+        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02), disconnect_grace=0
     )
     resp = await post(client, stream=True)
     await resp.content.readuntil(b"t1 ")
@@ -122,7 +127,7 @@ async def test_disconnect_closes_the_adapter_stream(aiohttp_client):
 
 async def test_non_stream_disconnect_closes_the_adapter_stream(aiohttp_client):
     adapter, client = await make_client(
-        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02)
+        aiohttp_client, text_script([f"t{i} " for i in range(100)], delay=0.02), disconnect_grace=0
     )
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(post(client), 0.1)
@@ -153,14 +158,17 @@ def test_the_app_refuses_to_run_without_a_key():
 
 
 async def test_client_gone_before_the_first_token_is_counted_and_aborts(aiohttp_client):
-    adapter, client = await make_client(aiohttp_client, lambda r: [5.0, TextDelta("late")])
+    adapter, client = await make_client(
+        aiohttp_client, lambda r: [5.0, TextDelta("late")], disconnect_grace=0
+    )
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(post(client, stream=True), 0.2)
     for _ in range(100):
         metrics = await (await client.get("/metrics")).text()
-        if adapter.aborted and "sluice_disconnects_total 1.0" in metrics:
+        if "sluice_cancellations_total{" in metrics and "sluice_disconnects_total 1.0" in metrics:
             break
         await asyncio.sleep(0.02)
     assert list(adapter.aborted.values()) == [True]
     assert "sluice_disconnects_total 1.0" in metrics
-    assert 'sluice_runs_finished_total{model="scripted",reason="disconnect"} 1.0' in metrics
+    assert 'sluice_runs_finished_total{model="scripted",reason="cancelled"} 1.0' in metrics
+    assert 'sluice_cancellations_total{outcome="clean",source="disconnect"} 1.0' in metrics

@@ -1,5 +1,5 @@
 """The run driver over a scripted upstream and the in-process store: every terminal path writes
-its last event, reaches exactly one terminal state, and closes the upstream stream."""
+its last event, reaches exactly one terminal state, stops the upstream, and is accounted once."""
 
 from __future__ import annotations
 
@@ -7,23 +7,36 @@ import asyncio
 
 import orjson
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.base import BackendFailed
-from adapters.events import ErrorEvent, Finish, TextDelta, Usage
+from adapters.base import BackendFailed, BackendRejected
+from adapters.events import Admitted, ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest, Message
 from adapters.scripted import ScriptedAdapter, text_script
-from gateway.runs.driver import Deadlines, RunDriver
+from gateway.metrics import GatewayMetrics
+from gateway.runs.deadlines import Deadlines
+from gateway.runs.driver import RunDriver
 from gateway.runs.state import RunStatus
 from gateway.runs.store import RunRecord
 from gateway.runs.store_memory import MemoryRunStore
 
 
-async def make_driver(script, deadlines: Deadlines | None = None, **chat):
+async def make_driver(script, deadlines=None, *, abortable=True, confirm_timeout=5.0, **chat):
     store = MemoryRunStore()
-    adapter = ScriptedAdapter("m", script)
+    adapter = ScriptedAdapter("m", script, abortable=abortable)
     await store.create(RunRecord("run-1", "t", "m", 0.0))
     request = ChatRequest("m", [Message("user", "hi")], stream=True, **chat)
-    return store, adapter, RunDriver(store, adapter, "run-1", request, deadlines or Deadlines())
+    driver = RunDriver(
+        store,
+        adapter,
+        "run-1",
+        request,
+        deadlines=deadlines,
+        metrics=GatewayMetrics(),
+        confirm_timeout=confirm_timeout,
+    )
+    return store, adapter, driver
 
 
 async def log(store) -> list[dict]:
@@ -34,6 +47,16 @@ def texts(events: list[dict]) -> str:
     return "".join(
         c["delta"].get("content") or "" for e in events if "choices" in e for c in e["choices"]
     )
+
+
+def samples(driver: RunDriver, name: str) -> dict[tuple, float]:
+    text = generate_latest(driver.acct.metrics.registry).decode()
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
 
 
 async def test_a_completed_run_logs_every_chunk_and_its_object():
@@ -48,26 +71,110 @@ async def test_a_completed_run_logs_every_chunk_and_its_object():
     assert record.completion["choices"][0]["message"]["content"] == "abc"
     assert (await store.get("run-1")).status == RunStatus.COMPLETED
     assert adapter.aborted == {"run-1": False}
+    assert samples(driver, "sluice_tokens_total") == {
+        (("kind", "sent"),): 3.0,
+        (("kind", "tail"),): 0.0,
+        (("kind", "generated"),): 3.0,
+        (("kind", "prompt"),): 5.0,
+    }
+    assert samples(driver, "sluice_cancellations_total") == {}
 
 
-async def test_cancel_mid_stream_ends_cancelled_and_closes_the_upstream():
+async def test_cancel_mid_stream_ends_cancelled_is_confirmed_and_clean():
     store, adapter, driver = await make_driver(
         text_script([f"t{i}" for i in range(100)], delay=0.01)
     )
     task = driver.start()
     await asyncio.sleep(0.05)
-    driver.cancel("client")
-    driver.cancel("disconnect")  # idempotent: the first source stands
+    assert driver.cancel("client")
+    assert not driver.cancel("disconnect")  # idempotent: the first source stands
     record = await task
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:client")
-    assert (await log(store))[-1]["error"]["code"] == "cancelled"
+    events = await log(store)
+    assert events[-1]["error"]["code"] == "cancelled"
+    assert adapter.abort_calls == ["run-1"]
     assert adapter.aborted == {"run-1": True}
+    assert driver.acct.tail_tokens == 0
+    assert samples(driver, "sluice_cancellations_total") == {
+        (("outcome", "clean"), ("source", "client")): 1.0
+    }
+    latency = samples(driver, "sluice_cancel_latency_seconds_count")
+    assert latency == {(): 1.0}
+
+
+async def test_tokens_arriving_after_the_cancel_are_tail_not_sent():
+    gate = asyncio.Event()
+
+    async def slow_stop(request_id):  # the upstream takes a while to stop: two more tokens
+        gate.set()
+        return True
+
+    def script(request):
+        return [TextDelta("a"), 0.2, TextDelta("b", tokens=2), Finish("stop"), Usage(5, 3)]
+
+    store, adapter, driver = await make_driver(script, abortable=False)
+    adapter.abort = slow_stop  # in-band, but the script does not listen: it just finishes
+    task = driver.start()
+    await asyncio.sleep(0.05)
+    driver.cancel("client")
+    record = await task
+    assert record.status == RunStatus.CANCELLED
+    assert texts(await log(store)) == "a"  # "b" never reached the log
+    assert (driver.acct.sent_tokens, driver.acct.tail_tokens) == (1, 2)
+    assert driver.acct.generated_tokens == 3
+    assert samples(driver, "sluice_cancellations_total") == {
+        (("outcome", "tail"), ("source", "client")): 1.0
+    }
+    assert samples(driver, "sluice_cancel_tail_tokens_sum") == {(): 2.0}
+
+
+async def test_an_upstream_without_in_band_abort_has_its_stream_closed_unconfirmed():
+    _store, adapter, driver = await make_driver(
+        text_script([f"t{i}" for i in range(100)], delay=0.01), abortable=False
+    )
+    task = driver.start()
+    await asyncio.sleep(0.05)
+    driver.cancel("client")
+    record = await task
+    assert record.status == RunStatus.CANCELLED
+    assert adapter.aborted == {"run-1": True}  # closed early
+    assert samples(driver, "sluice_cancellations_total") == {
+        (("outcome", "unconfirmed"), ("source", "client")): 1.0
+    }
+
+
+async def test_an_upstream_that_never_confirms_is_closed_after_the_confirm_timeout():
+    async def ignore(request_id):
+        return True  # claims it will confirm, then never does
+
+    _store, adapter, driver = await make_driver(
+        lambda r: [TextDelta("a"), 30.0, TextDelta("b")], abortable=False, confirm_timeout=0.1
+    )
+    adapter.abort = ignore
+    task = driver.start()
+    await asyncio.sleep(0.05)
+    driver.cancel("client")
+    record = await asyncio.wait_for(task, 2)
+    assert record.status == RunStatus.CANCELLED
+    assert adapter.aborted == {"run-1": True}
+    assert driver.acct.cancel_outcome == "unconfirmed"
+
+
+async def test_a_cancel_before_the_first_step_still_ends_the_run():
+    _store, adapter, driver = await make_driver(text_script(["a"]))
+    task = driver.start()
+    driver.cancel("client")  # before the task ran a line
+    record = await task
+    assert record.status == RunStatus.CANCELLED
+    assert adapter.requests == []  # the upstream was never asked
+    assert driver.acct.cancel_outcome == "clean"
 
 
 @pytest.mark.parametrize(
     ("script", "deadlines", "cause"),
     [
-        (lambda r: [1.0, TextDelta("late")], Deadlines(ttft=0.05), "deadline:ttft"),
+        (lambda r: [1.0, TextDelta("late")], Deadlines(queue=0.05), "deadline:queue"),
+        (lambda r: [Admitted(), 1.0, TextDelta("late")], Deadlines(ttft=0.05), "deadline:ttft"),
         (
             lambda r: [TextDelta("a"), 1.0, TextDelta("b")],
             Deadlines(inter_token=0.05),
@@ -80,30 +187,54 @@ async def test_cancel_mid_stream_ends_cancelled_and_closes_the_upstream():
         ),
     ],
 )
-async def test_each_deadline_is_its_own_cause(script, deadlines, cause):
+async def test_each_deadline_is_its_own_cause_and_stops_the_upstream(script, deadlines, cause):
     store, adapter, driver = await make_driver(script, deadlines)
     record = await driver.start()
     assert (record.status, record.cause) == (RunStatus.TIMED_OUT, cause)
     assert (await log(store))[-1]["error"]["code"] == "timeout"
     assert adapter.aborted == {"run-1": True}
+    assert samples(driver, "sluice_cancellations_total") == {
+        (("outcome", "clean"), ("source", "timeout")): 1.0
+    }
 
 
-async def test_an_upstream_error_event_fails_the_run():
+async def test_admission_lifts_the_queue_deadline():
+    _store, _, driver = await make_driver(
+        lambda r: [Admitted(), 0.15, TextDelta("a"), Finish("stop")], Deadlines(queue=0.05)
+    )
+    record = await driver.start()
+    assert record.status == RunStatus.COMPLETED
+
+
+async def test_an_upstream_error_event_fails_the_run_with_its_own_error():
     store, _, driver = await make_driver(
         lambda r: [TextDelta("a"), ErrorEvent("worker_error", "x"), TextDelta("never")]
     )
     record = await driver.start()
-    assert (record.status, record.cause) == (RunStatus.FAILED, "worker_error")
+    assert (record.status, record.cause) == (RunStatus.FAILED, "upstream:worker_error")
     events = await log(store)
     assert texts(events) == "a"
-    assert events[-1]["error"]["code"] == "upstream_error"
+    assert events[-1]["error"] == {
+        "message": "x",
+        "type": "server_error",
+        "param": None,
+        "code": "worker_error",
+    }
 
 
-async def test_a_backend_exception_fails_the_run():
+async def test_a_backend_exception_mid_stream_fails_the_run_with_an_error_frame():
     store, _, driver = await make_driver(lambda r: [TextDelta("a"), BackendFailed("gone")])
     record = await driver.start()
-    assert record.status == RunStatus.FAILED
+    assert record.status == RunStatus.FAILED and record.http_status is None
     assert (await log(store))[-1]["error"]["code"] == "upstream_error"
+
+
+async def test_a_refusal_before_any_event_is_an_http_error_not_a_stream():
+    store, _, driver = await make_driver(lambda r: [BackendRejected("bad temp", "temperature")])
+    record = await driver.start()
+    assert record.status == RunStatus.REJECTED
+    assert (record.http_status, record.error["param"]) == (400, "temperature")
+    assert await log(store) == []  # nothing to stream: the request answers with a 400
 
 
 async def test_cancel_racing_completion_gives_one_terminal_state():
@@ -120,3 +251,18 @@ async def test_cancel_racing_completion_gives_one_terminal_state():
         assert record.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
         errors = [e for e in await log(store) if "error" in e]
         assert len(errors) == (record.status == RunStatus.CANCELLED)
+        finished = samples(driver, "sluice_runs_finished_total")
+        assert sum(finished.values()) == 1.0  # one usage record either way
+
+
+async def test_cancel_racing_a_deadline_gives_one_terminal_state():
+    store, _, driver = await make_driver(
+        lambda r: [TextDelta("a"), 1.0, TextDelta("b")], Deadlines(inter_token=0.05)
+    )
+    task = driver.start()
+    await asyncio.sleep(0.05)
+    driver.cancel("client")
+    record = await task
+    assert record.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
+    assert len([e for e in await log(store) if "error" in e]) == 1
+    assert sum(samples(driver, "sluice_cancellations_total").values()) == 1.0

@@ -65,15 +65,15 @@ async def test_last_follower_gone_cancels_after_the_grace_window():
     manager = RunManager(MemoryRunStore(), disconnect_grace=0.05)
     adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.05))
     driver = await manager.start(chat(), adapter, "t")
-    manager.attach(driver.run_id)
-    manager.attach(driver.run_id)
-    manager.detach(driver.run_id)  # one follower left: no timer
+    await manager.attach(driver.run_id)
+    await manager.attach(driver.run_id)
+    await manager.detach(driver.run_id)  # one follower left: no timer
     await asyncio.sleep(0.1)
     assert driver.terminal is None
-    manager.detach(driver.run_id)
+    await manager.detach(driver.run_id)
     record = await manager.result(driver.run_id)
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:disconnect")
-    await asyncio.sleep(0)
+    await driver.task
     assert adapter.aborted == {driver.run_id: True}
     assert not manager.drivers
 
@@ -82,22 +82,23 @@ async def test_a_follower_back_within_the_grace_window_keeps_the_run():
     manager = RunManager(MemoryRunStore(), disconnect_grace=0.1)
     adapter = ScriptedAdapter("m", text_script(PIECES[:6], delay=0.03))
     driver = await manager.start(chat(), adapter, "t")
-    manager.attach(driver.run_id)
-    manager.detach(driver.run_id)
+    await manager.attach(driver.run_id)
+    await manager.detach(driver.run_id)
     await asyncio.sleep(0.05)
-    manager.attach(driver.run_id)  # resumed in time
+    await manager.attach(driver.run_id)  # resumed in time
     record = await manager.result(driver.run_id)
-    manager.detach(driver.run_id)
+    await manager.detach(driver.run_id)
     assert record.status == RunStatus.COMPLETED
     assert adapter.aborted == {driver.run_id: False}
 
 
-async def test_cancel_is_idempotent_and_unknown_runs_are_false():
+async def test_cancel_is_idempotent_and_a_no_op_once_ended():
     manager = RunManager(MemoryRunStore())
     driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES, delay=0.05)), "t")
-    assert manager.cancel(driver.run_id, "client")
+    await manager.cancel(driver.run_id, "client")
+    await manager.cancel(driver.run_id, "disconnect")
     record = await manager.result(driver.run_id)
-    await asyncio.sleep(0)
-    assert not manager.cancel(driver.run_id, "client")  # ended: no longer driven here
-    assert not manager.cancel("chatcmpl-unknown", "client")
+    await driver.task
+    await manager.cancel(driver.run_id, "client")  # ended: nothing happens
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:client")
+    assert (await manager.get(driver.run_id)).terminal == record

@@ -11,7 +11,13 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.runs.state import RunStatus
-from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store import (
+    LogClosed,
+    ResumeWindowExpired,
+    RunRecord,
+    TerminalRecord,
+    UnknownRun,
+)
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_redis import RedisRunStore
 
@@ -25,7 +31,9 @@ async def store(request):
         return
     client = Redis.from_url(REDIS_URL)
     prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield RedisRunStore(client, prefix=prefix, max_events=5)
+    store = RedisRunStore(client, prefix=prefix, max_events=5)
+    yield store
+    await store.close()
     keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
     if keys:
         await client.delete(*keys)
@@ -65,7 +73,7 @@ async def test_exactly_one_terminal_transition(store):
     record = await store.get(run)
     assert record.status == RunStatus.COMPLETED and record.terminal == done
     assert not await store.advance(run, RunStatus.FINALIZING)
-    with pytest.raises(ValueError, match="log is closed"):
+    with pytest.raises(LogClosed):
         await store.append(run, [b"late"])
 
 
@@ -83,11 +91,52 @@ async def test_followers_wake_on_append_and_on_finish(store):
     await asyncio.wait_for(waiter, 1)
 
 
+async def test_the_winning_finish_appends_its_final_event_the_loser_nothing(store):
+    run = await new_run(store)
+    await store.append(run, [b"a"])
+    cancelled = TerminalRecord(RunStatus.CANCELLED, "cancel:client", http_status=None)
+    assert await store.finish(run, cancelled, b"error-frame")
+    assert not await store.finish(run, TerminalRecord(RunStatus.FAILED, "x"), b"second")
+    assert await store.read(run, 0) == [(1, b"a"), (2, b"error-frame")]
+    record = await store.get(run)
+    assert (record.last_seq, record.terminal) == (2, cancelled)
+
+
+async def test_terminal_records_keep_their_http_answer(store):
+    run = await new_run(store)
+    refused = TerminalRecord(
+        RunStatus.REJECTED,
+        "upstream",
+        error={"code": "x"},
+        http_status=503,
+        http_headers={"retry-after": "2"},
+    )
+    await store.finish(run, refused)
+    assert (await store.get(run)).terminal == refused
+
+
+async def test_reads_can_be_limited(store):
+    run = await new_run(store)
+    await store.append(run, [b"a", b"b", b"c", b"d"])
+    assert await store.read(run, 1, limit=2) == [(2, b"b"), (3, b"c")]
+
+
+async def test_followers_are_counted_and_never_negative(store):
+    run = await new_run(store)
+    assert await store.add_follower(run, 1) == 1
+    assert await store.add_follower(run, 1) == 2
+    assert await store.add_follower(run, -1) == 1
+    assert await store.add_follower(run, 0) == 1
+    assert await store.add_follower(run, -1) == 0
+
+
 async def test_unknown_runs(store):
     with pytest.raises(UnknownRun):
         await store.get("nope")
     with pytest.raises(UnknownRun):
         await store.read("nope", 0)
+    with pytest.raises(UnknownRun):
+        await store.add_follower("nope", 1)
 
 
 def test_terminal_record_needs_a_terminal_status():

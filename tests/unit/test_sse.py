@@ -35,8 +35,8 @@ def decode(raw: bytes):
 
 async def test_frames_decode_with_ids_and_done(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        await writer.send([orjson.dumps({"n": 1}), orjson.dumps({"n": "你好"})])
-        await writer.send([orjson.dumps({"n": 3})])
+        await writer.send([(1, orjson.dumps({"n": 1})), (2, orjson.dumps({"n": "你好"}))])
+        await writer.send([(3, orjson.dumps({"n": 3}))])
 
     raw, headers = await read_all(await aiohttp_client(writer_app(script)))
     assert raw == (
@@ -56,7 +56,7 @@ async def test_frames_decode_with_ids_and_done(aiohttp_client):
 
 async def test_error_frame_then_done(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        await writer.send([b'{"a":1}'])
+        await writer.send([(1, b'{"a":1}')])
         await writer.send_error(
             {"message": "boom", "type": "server_error", "param": None, "code": "upstream_error"}
         )
@@ -72,14 +72,14 @@ async def test_error_frame_then_done(aiohttp_client):
             "code": "upstream_error",
         }
     }
-    assert events[1].id == "2"
+    assert events[1].id == "1"  # not an event of the run: no id, the last one stands
 
 
 async def test_idle_stream_gets_ping_comments(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        await writer.send([b"{}"])
+        await writer.send([(1, b"{}")])
         await asyncio.sleep(0.18)
-        await writer.send([b"{}"])
+        await writer.send([(1, b"{}")])
 
     raw, _ = await read_all(await aiohttp_client(writer_app(script)))
     assert raw.count(b": ping\n") >= 2

@@ -86,6 +86,8 @@ async def test_generate_streams_ndjson(client) -> None:
     assert response.headers["Content-Type"] == "application/x-ndjson"
     lines = await read_lines(response)
     assert lines[0] == {"type": "start", "prompt_tokens": 17}
+    assert lines[1] == {"type": "admitted"}  # once, though two choices run
+    assert [line["type"] for line in lines].count("admitted") == 1
     finishes = [line for line in lines if line["type"] == "finish"]
     assert sorted((f["index"], f["reason"], f["completion_tokens"]) for f in finishes) == [
         (0, "length", 8),
@@ -131,6 +133,7 @@ async def test_malformed_json_is_400(client) -> None:
 async def test_abort_by_post_ends_the_stream(client) -> None:
     response = await client.post("/v1/generate", json=body(max_tokens=1000))
     assert orjson.loads(await response.content.readline())["type"] == "start"
+    assert orjson.loads(await response.content.readline())["type"] == "admitted"
     first = orjson.loads(await response.content.readline())
     assert first["type"] == "text"
     aborted = await client.post("/v1/abort", json={"request_id": "req-1"})

@@ -1,0 +1,116 @@
+"""The run endpoints (DESIGN §4): retrieve, resume, cancel — each only for the run's tenant.
+
+Another tenant's run id gets the same 404 as an unknown one, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import APIError, invalid_request
+from gateway.keys import METRICS, PRINCIPAL, RUNS
+from gateway.runs.state import PUBLIC_STATUS
+from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
+from gateway.streaming import stream_run
+
+CANCEL_WAIT = 10.0  # seconds the cancel call waits for the run's terminal state
+
+
+def run_not_found(run_id: str) -> APIError:
+    return APIError(
+        404, f"No chat completion found with id '{run_id}'.", param="id", code="not_found"
+    )
+
+
+async def _owned_run(request: web.Request) -> RunRecord:
+    run_id = request.match_info["id"]
+    try:
+        record = await request.app[RUNS].get(run_id)
+    except UnknownRun:
+        raise run_not_found(run_id) from None
+    if record.tenant != request[PRINCIPAL].tenant:
+        raise run_not_found(run_id)
+    return record
+
+
+def run_object(record: RunRecord) -> dict[str, Any]:
+    """The `chat.completion` object of a run with its `status`; the final one once it ended."""
+    terminal = record.terminal
+    if terminal is not None and terminal.completion is not None:
+        body = dict(terminal.completion)
+    else:
+        body = {
+            "id": record.run_id,
+            "object": "chat.completion",
+            "created": int(record.created),
+            "model": record.model,
+            "choices": [],
+        }
+    body["status"] = PUBLIC_STATUS[record.status]
+    if terminal is not None and terminal.error is not None:
+        body["error"] = terminal.error
+    return body
+
+
+def _json(body: dict[str, Any]) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _resume_point(request: web.Request) -> int:
+    """`starting_after` (query) or `Last-Event-ID` (header): the last event the client has."""
+    raw = request.query.get("starting_after")
+    param = "starting_after"
+    if raw is None:
+        raw, param = request.headers.get("Last-Event-ID"), "Last-Event-ID"
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit():
+        raise invalid_request(param, f"'{param}' must be a non-negative integer event id.")
+    return int(raw)
+
+
+async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/chat/completions/{id}`, or with `?stream=true` a resume of its stream."""
+    stream = request.query.get("stream", "false").lower()
+    if stream not in ("true", "false"):
+        raise invalid_request("stream", "'stream' must be true or false.")
+    if stream == "false":
+        return _json(run_object(await _owned_run(request)))
+    resumes = request.app[METRICS].resumes
+    after = _resume_point(request)
+    try:
+        record = await _owned_run(request)
+    except APIError:
+        resumes.labels("not_found").inc()
+        raise
+    try:
+        response = await stream_run(request, record.run_id, after, resume=True)
+    except ResumeWindowExpired:
+        resumes.labels("expired").inc()
+        raise APIError(
+            410,
+            f"Events after {after} of '{record.run_id}' are no longer retained; "
+            "retrieve the run without stream=true for its final object.",
+            param="starting_after",
+            code="resume_window_expired",
+        ) from None
+    resumes.labels("replayed" if record.status.is_terminal else "live").inc()
+    return response
+
+
+async def cancel_chat_completion(request: web.Request) -> web.Response:
+    """`POST /v1/chat/completions/{id}/cancel`: idempotent; answers the run's terminal status."""
+    record = await _owned_run(request)
+    runs = request.app[RUNS]
+    if not record.status.is_terminal:
+        await runs.cancel(record.run_id, "client")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCEL_WAIT):
+                await runs.result(record.run_id)
+        record = await runs.get(record.run_id)
+    return _json(run_object(record))

@@ -1,0 +1,48 @@
+"""How a run that did not complete ends on the wire: its terminal record and error frame.
+
+One place builds both, so the run driver and a replica marking another's orphaned run failed
+give clients the same answer (DESIGN §2: a cancelled or timed-out stream ends with an error
+event whose `code` is `cancelled` / `timeout`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from gateway.runs.state import TERMINAL_ERROR_CODE, RunStatus
+from gateway.runs.store import TerminalRecord
+
+_MESSAGES = {
+    "cancelled": "The run was cancelled.",
+    "timeout": "The run exceeded its deadline.",
+    "upstream_error": "The model backend failed to process the request.",
+    "run_lost": "The gateway replica running this request stopped before it ended.",
+}
+
+LOST_CAUSE = "owner_lost"
+
+
+def error_code(status: RunStatus, cause: str) -> str:
+    return "run_lost" if cause == LOST_CAUSE else TERMINAL_ERROR_CODE[status]
+
+
+def ending(
+    status: RunStatus,
+    cause: str,
+    completion: dict | None = None,
+    error: dict | None = None,
+) -> tuple[TerminalRecord, bytes]:
+    """The terminal record of a run that stopped early, and the error frame its stream ends
+    with; `error` replaces the standard body (an upstream's error event, already ours)."""
+    if error is None:
+        code = error_code(status, cause)
+        error = {
+            "message": _MESSAGES.get(code, "The request was rejected."),
+            "type": "server_error",
+            "param": None,
+            "code": code,
+        }
+    record = TerminalRecord(status, cause, None, completion, error, at=time.time())
+    return record, orjson.dumps({"error": error})

@@ -1,0 +1,163 @@
+"""Answering from a run: follow its event log as an SSE stream, or wait for its final object.
+
+Both the request that started a run and a later resume go through `stream_run`; the request
+counts as one of the run's followers while it reads, so a dropped connection starts the run's
+disconnect grace window instead of stopping it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import orjson
+from aiohttp import web
+
+from gateway.backpressure import coalesce
+from gateway.errors import APIError
+from gateway.keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
+from gateway.runs.manager import RunManager
+from gateway.runs.state import RunStatus
+from gateway.runs.store import ResumeWindowExpired, TerminalRecord
+from gateway.sse import SlowClient, SSEWriter
+
+FOLLOW_BATCH = 512  # most events read from the log at once
+
+# How a non-streaming request answers a run that did not complete.
+_UNFINISHED = {
+    RunStatus.CANCELLED: 499,  # as "client closed request": the run was cancelled
+    RunStatus.TIMED_OUT: 504,
+    RunStatus.FAILED: 502,
+    RunStatus.REJECTED: 400,
+}
+
+
+def terminal_error(terminal: TerminalRecord) -> APIError:
+    """The HTTP error for a run that ended without completing."""
+    error = terminal.error or {}
+    status = terminal.http_status or _UNFINISHED.get(terminal.status, 502)
+    headers = dict(terminal.http_headers or {})
+    if terminal.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT):
+        headers.setdefault("x-should-retry", "false")  # the caller's own cancel or deadline
+    return APIError(
+        status,
+        error.get("message", "The run did not complete."),
+        type=error.get("type", "server_error"),
+        code=error.get("code"),
+        param=error.get("param"),
+        headers=headers,
+    )
+
+
+@contextlib.asynccontextmanager
+async def following(runs: RunManager, run_id: str) -> AsyncIterator[None]:
+    """Count this request as a follower of the run while inside, however it leaves."""
+    attach = asyncio.ensure_future(runs.attach(run_id))
+    try:
+        await asyncio.shield(attach)
+        yield
+    finally:
+        await asyncio.shield(_detach_after(runs, attach, run_id))
+
+
+async def _detach_after(runs: RunManager, attach: asyncio.Future[None], run_id: str) -> None:
+    with contextlib.suppress(Exception):
+        await attach
+    await runs.detach(run_id)
+
+
+async def stream_run(
+    request: web.Request,
+    run_id: str,
+    after: int = 0,
+    headers: dict[str, str] | None = None,
+    *,
+    resume: bool = False,
+) -> web.StreamResponse:
+    """Events after `after`, then the live run, as SSE. A resume raises ResumeWindowExpired
+    (before anything is sent) when `after` is no longer retained; the request that started the
+    run gets its HTTP error instead of a stream when the run was refused before any event."""
+    app = request.app
+    runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
+    writer: SSEWriter | None = None
+    try:
+        async with (
+            following(runs, run_id),
+            contextlib.aclosing(runs.follow(run_id, after, FOLLOW_BATCH)) as events,
+        ):
+            try:
+                first = await anext(events, None)
+            except ResumeWindowExpired:
+                if resume:
+                    raise
+                first = None  # the run outran its log before this request read it
+                events = _expired()
+            if first is None:
+                terminal = (await runs.get(run_id)).terminal
+                if terminal is not None and terminal.http_status is not None:
+                    raise terminal_error(terminal)
+            writer = await SSEWriter.open(
+                request,
+                settings.ping_interval,
+                headers,
+                first=first,
+                write_timeout=settings.slow_client_timeout or None,
+            )
+            app[OPEN_STREAMS].add(asyncio.current_task())
+            metrics.active_streams.inc()
+            try:
+                await _relay(events, writer)
+            finally:
+                metrics.active_streams.dec()
+                metrics.client_blocked.observe(writer.blocked)
+    except SlowClient:
+        metrics.slow_clients.inc()
+        metrics.disconnects.inc()
+        if request.transport is not None:
+            request.transport.abort()  # the grace window now applies, as to any disconnect
+        return writer.response if writer is not None else web.Response(status=499)
+    except (ConnectionError, asyncio.CancelledError):
+        metrics.disconnects.inc()
+        raise
+    assert writer is not None
+    return writer.response
+
+
+async def _expired() -> AsyncIterator[list[tuple[int, bytes]]]:
+    raise ResumeWindowExpired
+    yield  # pragma: no cover - makes this an async generator
+
+
+async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWriter) -> None:
+    try:
+        async for batch in events:
+            await writer.send(coalesce(batch))
+    except ResumeWindowExpired:  # so far behind that the log moved past it
+        await writer.send_error(
+            {
+                "message": "This stream fell behind the events the server keeps; "
+                f"resume with starting_after={writer.last_seq} is no longer possible.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "resume_window_expired",
+            }
+        )
+    except (ConnectionError, asyncio.CancelledError):
+        writer.abandon()
+        raise
+    await writer.close()
+
+
+async def respond_with_result(request: web.Request, run_id: str) -> web.Response:
+    """Wait for the run's end and answer with its `chat.completion` (or its error)."""
+    runs = request.app[RUNS]
+    try:
+        async with following(runs, run_id):
+            terminal = await runs.result(run_id)
+    except asyncio.CancelledError:
+        request.app[METRICS].disconnects.inc()
+        raise
+    if terminal.status is RunStatus.COMPLETED and terminal.completion is not None:
+        return web.Response(body=orjson.dumps(terminal.completion), content_type="application/json")
+    raise terminal_error(terminal)
