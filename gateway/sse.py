@@ -30,6 +30,7 @@ SSE_HEADERS = {
 PING = b": ping\n"
 DONE = b"data: [DONE]\n\n"
 _BLOCKED = 0.001  # a write that took longer than this waited on the client
+_NEVER_BLOCKS = 64 * 1024  # socket buffer bytes below which asyncio never pauses a writer
 
 
 class SlowClient(ConnectionError):
@@ -51,7 +52,9 @@ class SSEWriter:
         "_last_write",
         "_ping_interval",
         "_response",
+        "_transport",
         "_write_timeout",
+        "behind",
         "blocked",
         "last_seq",
     )
@@ -61,14 +64,17 @@ class SSEWriter:
         response: web.StreamResponse,
         ping_interval: float = 15.0,
         write_timeout: float | None = None,
+        transport: asyncio.Transport | None = None,
     ) -> None:
         self._response = response
+        self._transport = transport
         self._ping_interval = ping_interval
         self._write_timeout = write_timeout
         self._last_write = time.monotonic()
         # a timer while waiting, a task only while a ping is being written
         self._heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
         self.blocked = 0.0  # seconds writes spent waiting for the client
+        self.behind = False  # the last write waited for the client: it is not keeping up
         self.last_seq = 0
 
     @classmethod
@@ -84,7 +90,7 @@ class SSEWriter:
         response_class = _HeadersWithFirstWrite if first else web.StreamResponse
         response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
-        writer = cls(response, ping_interval, write_timeout)
+        writer = cls(response, ping_interval, write_timeout, request.transport)
         if first:
             await writer.send(first)
         if ping_interval > 0:
@@ -117,13 +123,24 @@ class SSEWriter:
 
     async def _write(self, body: bytes) -> None:
         began = self._last_write = time.monotonic()
-        try:
-            async with asyncio.timeout(self._write_timeout):
-                await self._response.write(body)
-        except TimeoutError:
-            raise SlowClient from None
+        transport = self._transport
+        # NOTE: a write can only block once the socket buffer passes asyncio's high-water mark
+        # (64 KiB); below it, the timeout's timer would be pure cost on every frame.
+        if (
+            self._write_timeout is None
+            or transport is None
+            or transport.get_write_buffer_size() + len(body) <= _NEVER_BLOCKS
+        ):
+            await self._response.write(body)
+        else:
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    await self._response.write(body)
+            except TimeoutError:
+                raise SlowClient from None
         took = time.monotonic() - began
-        if took > _BLOCKED:
+        self.behind = took > _BLOCKED
+        if self.behind:
             self.blocked += took
 
     def _stop_heartbeat(self) -> None:

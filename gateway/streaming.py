@@ -117,7 +117,12 @@ async def stream_run(
         if request.transport is not None:
             request.transport.abort()  # the grace window now applies, as to any disconnect
         return writer.response if writer is not None else web.Response(status=499)
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:
+        # the client went away while a frame was being written: an expected disconnect (the
+        # grace window applies), not a server error to log with its traceback
+        metrics.disconnects.inc()
+        return writer.response if writer is not None else web.Response(status=499)
+    except asyncio.CancelledError:
         metrics.disconnects.inc()
         raise
     assert writer is not None
@@ -132,7 +137,9 @@ async def _expired() -> AsyncIterator[list[tuple[int, bytes]]]:
 async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWriter) -> None:
     try:
         async for batch in events:
-            await writer.send(coalesce(batch))
+            # NOTE: only a client whose last write waited has a backlog to merge; a long read
+            # for one that keeps up (an upstream burst, a replay) goes out event by event.
+            await writer.send(coalesce(batch) if writer.behind else batch)
     except ResumeWindowExpired:  # so far behind that the log moved past it
         await writer.send_error(
             {

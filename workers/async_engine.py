@@ -157,8 +157,13 @@ class AsyncEngine:
                 self._inbox = []
                 for request_id, arrived_at in self._aborts:
                     engine.abort(request_id, arrived_at)
+                if self._aborts:
+                    outputs += engine.apply_aborts()
                 self._aborts = []
                 self._stats = engine.stats()
+            if outputs:  # aborts confirmed before the next forward, not after it
+                self._hand_over(outputs)
+                outputs = []
             if engine.has_unfinished():
                 outputs += self._step()
             with self._cond:

@@ -200,6 +200,14 @@ class Engine:
             prefix_cache_queries=self.blocks.prefix_queries,
         )
 
+    def apply_aborts(self) -> list[RequestOutput]:
+        """Stop the sequences whose abort arrived since the last step now, so their
+        confirmations go out at this step boundary rather than after the next forward."""
+        outputs: dict[str, RequestOutput] = {}
+        self._apply_aborts(outputs)
+        self._retire(outputs)
+        return list(outputs.values())
+
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; return the events it produced."""
         outputs: dict[str, RequestOutput] = {}

@@ -51,6 +51,8 @@ class RunAccounting:
         "started",
         "tail_tokens",
         "terminal_at",
+        "upstream_stop_ms",
+        "upstream_tail_tokens",
         "usage",
     )
 
@@ -65,6 +67,8 @@ class RunAccounting:
         self.sent_tokens = 0
         self.tail_tokens = 0
         self.aborted_tokens = 0  # generated, as the upstream's abort confirmations report
+        self.upstream_tail_tokens = 0  # generated after the abort reached the upstream
+        self.upstream_stop_ms: float | None = None  # abort arrival → the upstream's stop
         self.usage: Usage | None = None
 
     def sent(self, batch: list[Event]) -> None:
@@ -93,6 +97,9 @@ class RunAccounting:
                 self.last_token_at = time.monotonic()
             elif kind is Aborted:
                 self.aborted_tokens += event.completion_tokens
+                self.upstream_tail_tokens += event.tail_tokens
+                if event.stop_latency_ms is not None:
+                    self.upstream_stop_ms = max(self.upstream_stop_ms or 0.0, event.stop_latency_ms)
             elif kind is Usage:
                 self.usage = event
 
@@ -146,6 +153,8 @@ class RunAccounting:
             cancel_source=source,
             cancel_outcome=outcome,
             cancel_latency_ms=_ms(decision.at, self.confirmed_at) if source and decision else None,
+            upstream_tail_tokens=self.upstream_tail_tokens if source else None,
+            upstream_stop_ms=self.upstream_stop_ms,
             ttft_s=_s(self.started, self.first_token_at),
             e2e_s=_s(self.started, self.terminal_at or now),
         )

@@ -68,6 +68,7 @@ class RunDriver:
         self._stopper: asyncio.Task[None] | None = None
         self._started = False
         self._reading = False  # inside the upstream stream: cancelling the task closes it
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def task(self) -> asyncio.Task[TerminalRecord | None] | None:
@@ -108,6 +109,8 @@ class RunDriver:
                 self._decide(status, f"upstream:{type(exc).__name__}")
                 await self._end(exc)
         finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             if self._stopper is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopper)
@@ -122,13 +125,18 @@ class RunDriver:
         self.decision = Decision(status, cause, source, time.monotonic())
         if source is not None and self._started:
             self._stopper = asyncio.create_task(self._stop(), name=f"stop {self.run_id}")
+            self._arm_watchdog(self.confirm_timeout)
+        elif self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         return True
 
     async def _stop(self) -> None:
-        """A cancel or a deadline: end the run for its clients now, then stop the upstream."""
+        """A cancel or a deadline: stop the upstream and end the run for its clients, at once."""
+        abort = asyncio.ensure_future(self.adapter.abort(self.run_id))
         await self._end()
         try:
-            in_band = await self.adapter.abort(self.run_id)
+            in_band = await abort
         except Exception:  # any failure here means: close the stream instead
             in_band = False
         if not in_band and self._reading and self._task is not None:
@@ -138,6 +146,7 @@ class RunDriver:
 
     async def _drive(self) -> None:
         await self.store.advance(self.run_id, RunStatus.QUEUED)
+        self._arm_watchdog()
         async with aclosing(self.adapter.stream(self.chat, self.run_id)) as events:
             self._reading = True
             try:
@@ -150,30 +159,44 @@ class RunDriver:
             self.acct.confirmed_at = time.monotonic()  # the upstream ended the stream itself
 
     async def _read(self, events: AsyncIterator[list[Event]]) -> bool:
-        """Record batches until the stream ends (True), or fails or a stop is not confirmed in
-        time (False)."""
-        while True:
-            kind, wait = self._next_deadline()
-            try:
-                async with asyncio.timeout(wait):
-                    batch = await anext(events)
-            except StopAsyncIteration:
-                return True
-            except TimeoutError:
-                if self.decision is not None:
-                    return False  # never confirmed: leaving `aclosing` closes the stream
-                self._decide(RunStatus.TIMED_OUT, f"deadline:{kind}", "timeout")
-                continue
+        """Record batches until the stream ends (True) or fails (False). Deadlines and an
+        unconfirmed stop interrupt it from the watchdog (by cancelling this task)."""
+        async for batch in events:
             if self.decision is not None:
                 self.acct.held_back(batch)
             elif not await self._record(batch):
                 return False
+        return True
+
+    # NOTE: one lazy timer per run instead of a timeout around every read: it is armed for the
+    # nearest deadline as last computed, and when it fires it recomputes (tokens may have come
+    # since) and either acts or re-arms. Per batch the driver only notes the token time.
+    def _arm_watchdog(self, delay: float | None = None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if delay is None:
+            delay = self._next_deadline()[1]
+        if delay is not None:
+            self._watchdog = asyncio.get_running_loop().call_later(delay, self._on_watchdog)
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self._task is None or self._task.done():
+            return
+        if self.decision is not None:  # the upstream did not confirm the stop in time
+            if self._reading:
+                self._task.cancel()  # closing the stream aborts the work there
+            return
+        kind, left = self._next_deadline()
+        if left is not None and left <= 0:
+            self._decide(RunStatus.TIMED_OUT, f"deadline:{kind}", "timeout")
+        else:
+            self._arm_watchdog(left)
 
     def _next_deadline(self) -> tuple[str, float | None]:
         """The deadline that fires first from now, and the seconds left until it."""
         now = time.monotonic()
-        if self.decision is not None:
-            return "confirm", max(0.0, self.decision.at + self.confirm_timeout - now)
         d, started = self.deadlines, self.started
         candidates = []
         if d.total is not None:
@@ -224,7 +247,10 @@ class RunDriver:
                 # (it saw this replica's lease lapse): stop the upstream all the same.
                 self._decide(RunStatus.FAILED, "ended_elsewhere", "lost")
                 return True
+        had_token = self.acct.first_token_at is not None
         self.acct.sent(batch)
+        if not had_token and self.acct.first_token_at is not None:
+            self._arm_watchdog()  # the first token starts the inter-token deadline
         if failure is not None:
             self._decide(RunStatus.FAILED, f"upstream:{failure.code}")
             error = {"message": failure.message, "type": failure.type, "param": None}

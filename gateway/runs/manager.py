@@ -172,17 +172,22 @@ class RunManager:
         """Events with seq > after, in order, as they come, until the run has ended and every
         event was read. Raises ResumeWindowExpired if `after` is no longer retained."""
         check_every = None if self.lease_ttl is None else self.lease_ttl / 2
+        events = await self.store.read(run_id, after, limit)
         while True:
-            events = await self.store.read(run_id, after, limit)
             if events:
                 after = events[-1][0]
                 yield events
+                # NOTE: wait first, read after: a live follower then costs one wake-up and one
+                # read per batch the driver appends, not an extra empty read and record fetch.
+                await self._wait(run_id, after, check_every)
+                events = await self.store.read(run_id, after, limit)
                 continue
             record = await self.get(run_id)
             if record.status.is_terminal and record.last_seq <= after:
                 return
             if record.last_seq <= after:
                 await self._wait(run_id, after, check_every)
+            events = await self.store.read(run_id, after, limit)
 
     async def result(self, run_id: str) -> TerminalRecord:
         """Wait for the run's terminal record."""
@@ -194,6 +199,9 @@ class RunManager:
             await self._wait(run_id, record.last_seq, check_every)
 
     async def _wait(self, run_id: str, after: int, within: float | None) -> None:
+        if within is None:
+            await self.store.wait(run_id, after)
+            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within):
                 await self.store.wait(run_id, after)

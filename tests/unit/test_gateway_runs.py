@@ -1,11 +1,15 @@
 """The run endpoints through the real app over a scripted upstream: resume by event id, retrieve,
-cancel, tenant isolation, the resume window, and how non-streaming requests end."""
+cancel, tenant isolation, the resume window, and how non-streaming requests end. Every test runs
+on the in-process store and on a real Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 
 import pytest
+from redis.asyncio import Redis
 
 from adapters.events import TextDelta
 from adapters.scripted import ScriptedAdapter, text_script
@@ -15,11 +19,27 @@ from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stre
 
 PIECES = [f"{i}:é " for i in range(40)]
 OTHER_TENANT = {"Authorization": "Bearer sk-sluice-other-tenant"}
+REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-async def make_client(aiohttp_client, script=None, **settings):
+@pytest.fixture(params=["memory", "redis"])
+async def store_settings(request):
+    """Settings that pick the run store; Redis keys get a prefix of their own, removed after."""
+    if request.param == "memory":
+        yield {}
+        return
+    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
+    client = Redis.from_url(REDIS_URL)
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def make_client(aiohttp_client, store_settings, script=None, **settings):
     adapter = ScriptedAdapter("scripted", script or text_script(PIECES, delay=0.01))
-    app = gateway_app(adapters=[adapter], **settings)
+    app = gateway_app(adapters=[adapter], **store_settings, **settings)
     app[AUTH_KEY].add_key("sk-sluice-other-tenant", tenant="other")
     return adapter, await aiohttp_client(app)
 
@@ -56,8 +76,10 @@ async def resume(client, run_id: str, after: int | None = None, header: bool = F
 
 
 @pytest.mark.parametrize("header", [False, True])
-async def test_a_dropped_stream_resumes_exactly_where_it_left(aiohttp_client, header):
-    _, client = await make_client(aiohttp_client)
+async def test_a_dropped_stream_resumes_exactly_where_it_left(
+    aiohttp_client, store_settings, header
+):
+    _, client = await make_client(aiohttp_client, store_settings)
     head = await read_events(await start_stream(client), 7)
     run_id = head[0].json()["id"]
     last = int(head[-1].id)
@@ -70,8 +92,10 @@ async def test_a_dropped_stream_resumes_exactly_where_it_left(aiohttp_client, he
     assert stream_text(payloads(head) + payloads(rest)) == "".join(PIECES)
 
 
-async def test_resume_from_zero_replays_everything_after_the_run_ended(aiohttp_client):
-    _, client = await make_client(aiohttp_client, text_script(PIECES[:5]))
+async def test_resume_from_zero_replays_everything_after_the_run_ended(
+    aiohttp_client, store_settings
+):
+    _, client = await make_client(aiohttp_client, store_settings, text_script(PIECES[:5]))
     first = sse_events(await (await start_stream(client)).read())
     run_id = first[0].json()["id"]
     replay = sse_events(await (await resume(client, run_id)).read())
@@ -80,8 +104,8 @@ async def test_resume_from_zero_replays_everything_after_the_run_ended(aiohttp_c
     assert 'sluice_resumes_total{outcome="replayed"} 1.0' in metrics
 
 
-async def test_retrieve_gives_status_then_the_final_object(aiohttp_client):
-    _, client = await make_client(aiohttp_client)
+async def test_retrieve_gives_status_then_the_final_object(aiohttp_client, store_settings):
+    _, client = await make_client(aiohttp_client, store_settings)
     head = await read_events(await start_stream(client), 3)
     run_id = head[0].json()["id"]
     live = await (await client.get(f"/v1/chat/completions/{run_id}", headers=AUTH)).json()
@@ -97,8 +121,8 @@ async def test_retrieve_gives_status_then_the_final_object(aiohttp_client):
     assert done["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_another_tenants_run_is_a_404_like_an_unknown_one(aiohttp_client):
-    _, client = await make_client(aiohttp_client, text_script(PIECES[:3]))
+async def test_another_tenants_run_is_a_404_like_an_unknown_one(aiohttp_client, store_settings):
+    _, client = await make_client(aiohttp_client, store_settings, text_script(PIECES[:3]))
     run_id = sse_events(await (await start_stream(client)).read())[0].json()["id"]
     for path in (f"/v1/chat/completions/{run_id}", "/v1/chat/completions/chatcmpl-nope"):
         resp = await client.get(path, headers=OTHER_TENANT if "nope" not in path else AUTH)
@@ -112,8 +136,8 @@ async def test_another_tenants_run_is_a_404_like_an_unknown_one(aiohttp_client):
     assert resumed.status == 404
 
 
-async def test_cancel_ends_a_live_stream_and_is_idempotent(aiohttp_client):
-    adapter, client = await make_client(aiohttp_client)
+async def test_cancel_ends_a_live_stream_and_is_idempotent(aiohttp_client, store_settings):
+    adapter, client = await make_client(aiohttp_client, store_settings)
     resp = await start_stream(client)
     first = await resp.content.readuntil(b"\n\n")
     run_id = sse_events(first)[0].json()["id"]
@@ -128,15 +152,15 @@ async def test_cancel_ends_a_live_stream_and_is_idempotent(aiohttp_client):
     assert adapter.abort_calls == [run_id]
 
 
-async def test_cancel_after_completion_answers_completed(aiohttp_client):
-    _, client = await make_client(aiohttp_client, text_script(PIECES[:2]))
+async def test_cancel_after_completion_answers_completed(aiohttp_client, store_settings):
+    _, client = await make_client(aiohttp_client, store_settings, text_script(PIECES[:2]))
     run_id = sse_events(await (await start_stream(client)).read())[0].json()["id"]
     cancel = await client.post(f"/v1/chat/completions/{run_id}/cancel", headers=AUTH)
     assert (await cancel.json())["status"] == "completed"
 
 
-async def test_events_no_longer_kept_are_a_410(aiohttp_client):
-    _, client = await make_client(aiohttp_client, run_max_events=8)
+async def test_events_no_longer_kept_are_a_410(aiohttp_client, store_settings):
+    _, client = await make_client(aiohttp_client, store_settings, run_max_events=8)
     run_id = sse_events(await (await start_stream(client)).read())[0].json()["id"]
     resp = await resume(client, run_id, 1)
     assert resp.status == 410
@@ -145,8 +169,8 @@ async def test_events_no_longer_kept_are_a_410(aiohttp_client):
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "1.5"])
-async def test_a_bad_resume_point_is_a_400_naming_it(aiohttp_client, value):
-    _, client = await make_client(aiohttp_client, text_script(PIECES[:2]))
+async def test_a_bad_resume_point_is_a_400_naming_it(aiohttp_client, store_settings, value):
+    _, client = await make_client(aiohttp_client, store_settings, text_script(PIECES[:2]))
     run_id = sse_events(await (await start_stream(client)).read())[0].json()["id"]
     resp = await client.get(
         f"/v1/chat/completions/{run_id}",
@@ -157,8 +181,8 @@ async def test_a_bad_resume_point_is_a_400_naming_it(aiohttp_client, value):
     assert (await resp.json())["error"]["param"] == "starting_after"
 
 
-async def test_a_resume_inside_the_grace_window_keeps_the_run(aiohttp_client):
-    adapter, client = await make_client(aiohttp_client, disconnect_grace=5)
+async def test_a_resume_inside_the_grace_window_keeps_the_run(aiohttp_client, store_settings):
+    adapter, client = await make_client(aiohttp_client, store_settings, disconnect_grace=5)
     head = await read_events(await start_stream(client), 4)
     run_id = head[0].json()["id"]
     await asyncio.sleep(0.1)
@@ -167,8 +191,8 @@ async def test_a_resume_inside_the_grace_window_keeps_the_run(aiohttp_client):
     assert adapter.aborted == {run_id: False}
 
 
-async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_client):
-    adapter, client = await make_client(aiohttp_client, disconnect_grace=0.1)
+async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_client, store_settings):
+    adapter, client = await make_client(aiohttp_client, store_settings, disconnect_grace=0.1)
     head = await read_events(await start_stream(client), 4)
     run_id = head[0].json()["id"]
     for _ in range(200):
@@ -188,8 +212,8 @@ async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_clie
     assert adapter.aborted == {run_id: True}
 
 
-async def test_a_non_stream_request_cancelled_elsewhere_is_a_499(aiohttp_client):
-    _, client = await make_client(aiohttp_client)
+async def test_a_non_stream_request_cancelled_elsewhere_is_a_499(aiohttp_client, store_settings):
+    _, client = await make_client(aiohttp_client, store_settings)
     waiting = asyncio.create_task(
         client.post("/v1/chat/completions", json=chat_body(), headers=AUTH)
     )
@@ -203,9 +227,12 @@ async def test_a_non_stream_request_cancelled_elsewhere_is_a_499(aiohttp_client)
     assert (await resp.json())["error"]["code"] == "cancelled"
 
 
-async def test_a_non_stream_request_past_its_deadline_is_a_504(aiohttp_client):
+async def test_a_non_stream_request_past_its_deadline_is_a_504(aiohttp_client, store_settings):
     _, client = await make_client(
-        aiohttp_client, lambda r: [TextDelta("a"), 5.0, TextDelta("b")], inter_token_timeout=0.1
+        aiohttp_client,
+        store_settings,
+        lambda r: [TextDelta("a"), 5.0, TextDelta("b")],
+        inter_token_timeout=0.1,
     )
     resp = await client.post("/v1/chat/completions", json=chat_body(), headers=AUTH)
     assert resp.status == 504
