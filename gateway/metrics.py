@@ -136,3 +136,9 @@ class GatewayMetrics:
             "Streams detached because the client stayed unwritable past the limit.",
             registry=r,
         )
+        self.deadlines = Counter(
+            "sluice_deadlines_exceeded_total",
+            "Runs ended by a deadline, by which one (queue, ttft, inter_token, total).",
+            ["deadline"],
+            registry=r,
+        )

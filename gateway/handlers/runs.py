@@ -88,8 +88,12 @@ async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
     except APIError:
         resumes.labels("not_found").inc()
         raise
+    outcome = "replayed" if record.status.is_terminal else "live"
     try:
         response = await stream_run(request, record.run_id, after, resume=True)
+    except asyncio.CancelledError:  # a resume all the same, whose client went away again
+        resumes.labels(outcome).inc()
+        raise
     except ResumeWindowExpired:
         resumes.labels("expired").inc()
         raise APIError(
@@ -99,7 +103,7 @@ async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
             param="starting_after",
             code="resume_window_expired",
         ) from None
-    resumes.labels("replayed" if record.status.is_terminal else "live").inc()
+    resumes.labels(outcome).inc()
     return response
 
 

@@ -130,6 +130,8 @@ class RunAccounting:
         m.tokens.labels("generated").inc(self.generated_tokens)
         if self.usage is not None:
             m.tokens.labels("prompt").inc(self.usage.prompt_tokens)
+        if terminal is not None and terminal.cause.startswith("deadline:"):
+            m.deadlines.labels(terminal.cause.removeprefix("deadline:")).inc()
         source = decision.source if decision else None
         outcome = None
         if source is not None and decision is not None:

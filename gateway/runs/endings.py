@@ -22,6 +22,12 @@ _MESSAGES = {
 }
 
 LOST_CAUSE = "owner_lost"
+_DEADLINES = {
+    "deadline:queue": "waiting for the model (--queue-timeout)",
+    "deadline:ttft": "to the first token (--ttft-timeout)",
+    "deadline:inter_token": "between tokens (--inter-token-timeout)",
+    "deadline:total": "for the whole request (--request-timeout)",
+}
 
 
 def error_code(status: RunStatus, cause: str) -> str:
@@ -38,8 +44,11 @@ def ending(
     with; `error` replaces the standard body (an upstream's error event, already ours)."""
     if error is None:
         code = error_code(status, cause)
+        message = _MESSAGES.get(code, "The request was rejected.")
+        if cause in _DEADLINES:
+            message = f"The run exceeded its deadline {_DEADLINES[cause]}."
         error = {
-            "message": _MESSAGES.get(code, "The request was rejected."),
+            "message": message,
             "type": "server_error",
             "param": None,
             "code": code,

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -22,61 +15,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.metric_names import WORKER_METRICS
+from tests.support.worker_process import Worker, running_worker
 
-REPO = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "Hi"}]
-
-
-@dataclass
-class Worker:
-    proc: subprocess.Popen
-    url: str
-    port: int
-    log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(worker: Worker, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert worker.proc.poll() is None, worker.log.read_text()
-        try:
-            with urllib.request.urlopen(worker.url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the worker never became healthy:\n" + worker.log.read_text())
 
 
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("worker") / "worker.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "workers.cli", "--model", str(tiny_model_dir)]
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [*command, "--port", str(port), "--dtype", "float32", "--max-num-seqs", "1"],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    worker = Worker(proc, f"http://127.0.0.1:{port}", port, log)
-    try:
-        wait_healthy(worker)
-        yield worker
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    with running_worker(
+        tiny_model_dir, tmp_path_factory.mktemp("worker"), "--max-num-seqs", "1"
+    ) as w:
+        yield w
 
 
 def body(request_id: str, **overrides) -> dict:
