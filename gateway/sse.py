@@ -30,7 +30,6 @@ SSE_HEADERS = {
 PING = b": ping\n"
 DONE = b"data: [DONE]\n\n"
 _BLOCKED = 0.001  # a write that took longer than this waited on the client
-_NEVER_BLOCKS = 64 * 1024  # socket buffer bytes below which asyncio never pauses a writer
 
 
 class SlowClient(ConnectionError):
@@ -124,12 +123,15 @@ class SSEWriter:
     async def _write(self, body: bytes) -> None:
         began = self._last_write = time.monotonic()
         transport = self._transport
-        # NOTE: a write can only block once the socket buffer passes asyncio's high-water mark
-        # (64 KiB); below it, the timeout's timer would be pure cost on every frame.
+        # NOTE: a write can only block while asyncio has paused the writer. It pauses past the
+        # high-water mark but resumes only at the low-water mark, so a buffer between the two
+        # may still be paused: only at or under the low mark can the timeout's timer (pure cost
+        # on every frame of a healthy stream) be skipped.
         if (
             self._write_timeout is None
             or transport is None
-            or transport.get_write_buffer_size() + len(body) <= _NEVER_BLOCKS
+            or transport.get_write_buffer_size() + len(body)
+            <= transport.get_write_buffer_limits()[0]
         ):
             await self._response.write(body)
         else:
@@ -137,6 +139,7 @@ class SSEWriter:
                 async with asyncio.timeout(self._write_timeout):
                     await self._response.write(body)
             except TimeoutError:
+                self.blocked += time.monotonic() - began  # the wait that gave up counts too
                 raise SlowClient from None
         took = time.monotonic() - began
         self.behind = took > _BLOCKED

@@ -1,0 +1,327 @@
+"""Slow clients (DESIGN §3): a client that stops reading is detached without the gateway
+buffering the run for it, and the run goes on; a client that falls behind and catches up gets
+its text coalesced, never lost; a client that keeps up gets every event as it is.
+
+The slow clients are raw sockets with a small receive buffer, so the test decides exactly when
+bytes are taken off the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import socket
+from collections.abc import Iterator
+
+import orjson
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
+from adapters.scripted import ScriptedAdapter
+from adapters.to_openai import ChunkRenderer
+from gateway.backpressure import COALESCE_AT, coalesce
+from gateway.keys import RUNS
+from gateway.runs.endings import ending
+from gateway.runs.state import RunStatus
+from gateway.runs.store import ResumeWindowExpired
+from gateway.sse import SlowClient, SSEWriter
+from tests.support.gateway import (
+    API_KEY,
+    AUTH,
+    chat_body,
+    gateway_app,
+    sse_events,
+    stream_payloads,
+    stream_text,
+)
+
+# 100 distinct pieces of 50 bytes each, cycled: the run's text is easy to rebuild and to check
+PIECES = [f"{i:02d}: café, naïve — the quick brown fox jumps!! " for i in range(100)]
+assert {len(p.encode()) for p in PIECES} == {50}
+SEND_BUFFER = 8192
+
+
+def flood(count: int):
+    """A script: `count` text pieces as fast as the loop allows (it yields between pieces)."""
+
+    def script(request) -> Iterator:
+        for i in range(count):
+            yield TextDelta(PIECES[i % len(PIECES)])
+            yield 0.0  # let the gateway's other tasks run: the follower, the HTTP writes
+        yield Finish("stop")
+        yield Usage(5, count)
+
+    return script
+
+
+def full_text(count: int) -> str:
+    return "".join(PIECES[i % len(PIECES)] for i in range(count))
+
+
+async def small_send_buffer(request, response) -> None:
+    """Pin the server's socket send buffer small (the kernel would otherwise grow it to
+    megabytes), so a client that stops reading blocks the gateway's writes early, on any host."""
+    sock = request.transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+
+
+async def make_client(aiohttp_client, script, **settings):
+    app = gateway_app(adapters=[ScriptedAdapter("scripted", script)], **settings)
+    app.on_response_prepare.append(small_send_buffer)
+    return await aiohttp_client(app)
+
+
+async def open_raw_stream(client, rcvbuf: int = 4096):
+    """A hand-written HTTP/1.1 streaming POST from a socket with a small receive buffer."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (client.host, client.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=rcvbuf)
+    body = orjson.dumps(chat_body(stream=True))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\n"
+        b"Host: %s:%d\r\n"
+        b"Authorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: %d\r\n"
+        b"Connection: close\r\n"
+        b"\r\n%s" % (client.host.encode(), client.port, API_KEY.encode(), len(body), body)
+    )
+    await writer.drain()
+    return reader, writer
+
+
+def dechunk(body: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body."""
+    out, pos = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", pos)
+        size = int(body[pos:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[end + 2 : end + 2 + size]
+        assert body[end + 2 + size : end + 4 + size] == b"\r\n"
+        pos = end + 4 + size
+
+
+async def metric_samples(client) -> dict[str, float]:
+    text = await (await client.get("/metrics")).text()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
+
+
+async def metrics_once(client, name: str) -> dict[str, float]:
+    """The metrics, as soon as `name` is non-zero (the handler counts after the client left)."""
+    for _ in range(500):
+        metrics = await metric_samples(client)
+        if metrics.get(name):
+            break
+        await asyncio.sleep(0.01)
+    return metrics
+
+
+async def test_a_client_that_stops_reading_is_detached_and_the_run_completes(aiohttp_client):
+    count, ring = 20_000, 256
+    client = await make_client(
+        aiohttp_client,
+        flood(count),
+        run_max_events=ring,
+        slow_client_timeout=0.5,
+        disconnect_grace=60,
+    )
+    store = client.app[RUNS].store
+    process = psutil.Process()
+    baseline = process.memory_info().rss
+    reader, writer = await open_raw_stream(client)
+    head = await reader.readuntil(b'","object"')  # headers and the start of the first event
+    assert head.startswith(b"HTTP/1.1 200")
+    run_id = re.search(rb'"id":"(chatcmpl-[0-9a-f]+)', head).group(1).decode()
+    writer.transport.pause_reading()  # from here on, the client takes nothing
+
+    peak, samples = baseline, 0
+    while not (record := await store.get(run_id)).status.is_terminal:
+        peak = max(peak, process.memory_info().rss)
+        if record.last_seq > ring + 1:  # the log keeps exactly the last `ring` events
+            assert len(await store.read(run_id, record.last_seq - ring)) == ring
+            with pytest.raises(ResumeWindowExpired):
+                await store.read(run_id, record.last_seq - ring - 1)
+            samples += 1
+        await asyncio.sleep(0.01)
+    assert samples > 10
+
+    resp = await client.get(f"/v1/chat/completions/{run_id}", headers=AUTH)
+    done = await resp.json()
+    assert done["status"] == "completed"
+    assert done["choices"][0]["message"]["content"] == full_text(count)
+    assert done["usage"]["completion_tokens"] == count
+    # what the stream would have carried, had the client read it: far more than memory grew
+    frame = b"id: 12345\ndata: %b\n\n" % ChunkRenderer(run_id, "scripted").render(
+        TextDelta(PIECES[0])
+    )
+    produced = count * len(frame)
+    assert peak - baseline < produced / 4, (peak - baseline, produced)
+
+    metrics = await metrics_once(client, "sluice_slow_client_detaches_total")
+    assert metrics["sluice_slow_client_detaches_total"] == 1
+    assert metrics["sluice_disconnects_total"] == 1
+    assert metrics["sluice_client_blocked_seconds_count"] >= 1
+    assert metrics["sluice_client_blocked_seconds_sum"] >= 0.5  # the wait that ended it counts
+    assert metrics["sluice_active_streams"] == 0
+    writer.close()
+
+
+async def read_slowly_then_all(reader, slow_bytes: int, step: int = 2048, pause: float = 0.01):
+    """Take `step` bytes at a time with a pause between, until `slow_bytes`; then the rest."""
+    raw = b""
+    while len(raw) < slow_bytes:
+        piece = await reader.read(step)
+        assert piece, "the response ended while the client was still reading slowly"
+        raw += piece
+        await asyncio.sleep(pause)
+    return raw + await reader.read()
+
+
+async def test_a_client_that_falls_behind_gets_merged_text_and_nothing_lost(aiohttp_client):
+    count = 3_000  # fewer events than the log keeps: falling behind can never expire the stream
+    client = await make_client(aiohttp_client, flood(count), disconnect_grace=60)
+    reader, writer = await open_raw_stream(client)
+    raw = await read_slowly_then_all(reader, slow_bytes=100_000)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+    events = sse_events(dechunk(body))
+    assert events[-1].data == "[DONE]"
+    ids = [int(e.id) for e in events[:-1]]
+    assert ids[0] == 1 and ids[-1] == count + 2  # role, the pieces, finish
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    assert len(ids) < count + 2  # the backlog was merged
+    payloads = stream_payloads(dechunk(body))[:-1]
+    assert stream_text(payloads) == full_text(count)  # …and no text was lost
+    assert max(len(p["choices"][0]["delta"].get("content") or "") for p in payloads) > 50
+    deltas = [p["choices"][0]["delta"] for p in payloads]
+    finishes = [p["choices"][0]["finish_reason"] for p in payloads]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert sum("role" in d for d in deltas) == 1
+    assert finishes[-1] == "stop" and finishes.count("stop") == 1
+    assert all(set(d) == {"content"} for d in deltas[1:-1])  # no error frame in between
+    metrics = await metric_samples(client)
+    assert metrics["sluice_slow_client_detaches_total"] == 0
+    assert metrics["sluice_client_blocked_seconds_sum"] > 0
+
+
+async def test_a_client_that_keeps_up_gets_every_event_even_from_a_burst(aiohttp_client):
+    burst = [TextDelta(f"{i} ") for i in range(4 * COALESCE_AT)]
+    client = await make_client(
+        aiohttp_client, lambda r: [TextDelta("a"), 0.05, burst, Finish("stop"), Usage(1, 65)]
+    )
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True), headers=AUTH)
+    raw = await resp.read()
+    events = sse_events(raw)
+    ids = [int(e.id) for e in events[:-1]]
+    assert ids == list(range(1, len(burst) + 4))  # role, "a", the burst, finish: none merged
+    assert stream_text(stream_payloads(raw)) == "a" + "".join(d.text for d in burst)
+
+
+class _PausedTransport:
+    """A socket whose writing is paused with 30 KiB still queued: past the low-water mark, under
+    the high one. asyncio resumes a paused writer only once its buffer falls to the low-water
+    mark, so a writer paused earlier stays paused here."""
+
+    def get_write_buffer_size(self) -> int:
+        return 30 * 1024
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16 * 1024, 64 * 1024
+
+
+class _DrainingForever:
+    """A response whose write waits for the paused socket to drain, which never happens."""
+
+    async def write(self, body: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_write_to_a_paused_socket_is_timed_out_even_under_the_high_water_mark():
+    writer = SSEWriter(
+        _DrainingForever(), ping_interval=0, write_timeout=0.2, transport=_PausedTransport()
+    )
+    async with asyncio.timeout(5):  # the bug this guards against is a write that never ends
+        with pytest.raises(SlowClient):
+            await writer.send([(1, b"{}")])
+    assert writer.blocked >= 0.2
+
+
+# -- coalesce, on its own -----------------------------------------------------------------------
+
+R = ChunkRenderer("chatcmpl-test", "scripted", created=1)
+
+
+def text(piece: str, index: int = 0) -> bytes:
+    return R.render(TextDelta(piece, index=index))
+
+
+def numbered(payloads: list[bytes]) -> list[tuple[int, bytes]]:
+    return list(enumerate(payloads, start=1))
+
+
+def content(payload: bytes) -> tuple[int, str]:
+    (choice,) = orjson.loads(payload)["choices"]
+    return choice["index"], choice["delta"]["content"]
+
+
+def test_a_short_backlog_is_left_as_it_is():
+    events = numbered([text(f"{i}") for i in range(COALESCE_AT - 1)])
+    assert coalesce(events) == events
+
+
+def test_a_long_backlog_merges_runs_of_plain_text_of_one_choice_and_keeps_the_rest():
+    usage = R.usage(Usage(3, 30))
+    error = ending(RunStatus.CANCELLED, "cancel:client")[1]
+    tool = R.render(ToolCallDelta(0, '{"city": ', id="call_1", name="weather"))
+    with_logprobs = R.render(TextDelta("lp", logprobs=[{"token": "lp", "logprob": -0.5}]))
+    payloads = [
+        R.role(0),  # 1
+        *[text(f"a{i} ") for i in range(10)],  # 2..11
+        text("b0 ", index=1),  # 12: another choice
+        text("a10 "),  # 13
+        text("a11 "),  # 14
+        tool,  # 15
+        text("a12 "),  # 16
+        with_logprobs,  # 17: text with logprobs is not plain text
+        text("a13 "),  # 18
+        text("b1 ", index=1),  # 19
+        text("b2 ", index=1),  # 20
+        R.render(Finish("stop")),  # 21
+        usage,  # 22
+        error,  # 23
+    ]
+    events = numbered(payloads)
+    assert len(events) >= COALESCE_AT
+    out = coalesce(events)
+    assert [seq for seq, _ in out] == [1, 11, 12, 14, 15, 16, 17, 18, 20, 21, 22, 23]
+    merged = dict(out)
+    assert content(merged[11]) == (0, "".join(f"a{i} " for i in range(10)))
+    assert content(merged[14]) == (0, "a10 a11 ")
+    assert content(merged[20]) == (1, "b1 b2 ")
+    for seq in (1, 12, 15, 16, 17, 18, 21, 22, 23):  # alone or not plain text: as they were
+        assert orjson.loads(merged[seq]) == orjson.loads(payloads[seq - 1])
+    for seq in (15, 17, 21, 22, 23):
+        assert merged[seq] == payloads[seq - 1]  # byte for byte
+    assert orjson.loads(merged[11])["id"] == "chatcmpl-test"  # still a whole chunk
+
+
+def test_merging_never_changes_the_text_of_any_choice():
+    payloads = [text(f"{i}é", index=i % 3 // 2) for i in range(50)]
+    out = coalesce(numbered(payloads))
+    assert len(out) < len(payloads)
+    for index in (0, 1):
+        before = "".join(c for i, c in map(content, payloads) if i == index)
+        after = "".join(c for i, c in (content(p) for _, p in out) if i == index)
+        assert after == before
