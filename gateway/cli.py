@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     # `sluice worker …` is handed whole to workers.cli (see main), so the gateway process never
     # imports torch; this entry only lists it in `sluice --help`.
     sub.add_parser("worker", help="run one model worker (sluice worker --help for its flags)")
+    sub.add_parser("usage", help="token totals per tenant and model from the usage ledger")
+    sub.add_parser("keys", help="create, list or revoke API keys (sluice keys --help)")
     return parser
 
 
@@ -132,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         from workers.cli import main as worker_main
 
         return worker_main(argv[1:], prog="sluice worker")
+    if argv[:1] == ["usage"]:
+        from gateway.usage_cli import main as usage_main
+
+        return usage_main(argv[1:])
+    if argv[:1] == ["keys"]:
+        from policies.keys_cli import main as keys_main
+
+        return keys_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

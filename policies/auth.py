@@ -1,10 +1,15 @@
-"""Bearer API keys: only SHA-256 hashes are kept in memory or on disk."""
+"""Bearer credentials: API keys (only SHA-256 hashes are kept in memory or on disk) and JWTs."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from policies.jwt import JWTVerifier
+    from policies.tenants import Tenant, TenantsConfig
 
 KEY_PREFIX = "sk-sluice-"
 
@@ -14,7 +19,8 @@ class Principal:
     """Who is calling: the tenant and which credential proved it."""
 
     tenant: str
-    key_id: str
+    key_id: str  # "jwt" for a token
+    subject: str | None = None  # a JWT's `sub`; None for keys
 
 
 def hash_key(key: str) -> str:
@@ -56,3 +62,73 @@ class KeyAuthenticator:
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+
+@dataclass(slots=True, frozen=True)
+class _Credentials:
+    """Everything one config yields, so a reload replaces it in a single assignment."""
+
+    config: TenantsConfig
+    by_hash: dict[str, Principal]
+    verifier: JWTVerifier | None
+
+
+class Authenticator:
+    """Turns an Authorization header into a Principal of a tenant in the tenants file."""
+
+    def __init__(self, config: TenantsConfig) -> None:
+        self._creds = self._build(config)
+
+    def reload(self, config: TenantsConfig) -> None:
+        """Swap in a new config; raises (keeping the old one) if its JWT keys cannot load."""
+        # NOTE: built in full before one assignment, so a request sees the old config or the
+        # new one, never a mix of the two.
+        self._creds = self._build(config)
+
+    @property
+    def config(self) -> TenantsConfig:
+        return self._creds.config
+
+    def tenant(self, name: str) -> Tenant:
+        """The tenant's current settings; KeyError if a reload removed it."""
+        return self._creds.config.tenants[name]
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        token = bearer_token(authorization)
+        if not token:
+            return None
+        creds = self._creds
+        if creds.verifier is not None and token.count(".") == 2:
+            principal = _from_jwt(creds, token)
+            if principal is not None:
+                return principal
+        return creds.by_hash.get(hash_key(token))
+
+    def __len__(self) -> int:
+        return len(self._creds.by_hash) + (self._creds.verifier is not None)
+
+    @staticmethod
+    def _build(config: TenantsConfig) -> _Credentials:
+        # NOTE: imported here because policies.jwt -> policies.tenants -> policies.auth.
+        from policies.jwt import JWTVerifier
+
+        by_hash = {
+            entry.hash: Principal(tenant.name, entry.id)
+            for tenant in config.tenants.values()
+            for entry in tenant.keys
+        }
+        verifier = JWTVerifier(config.jwt) if config.jwt else None
+        return _Credentials(config, by_hash, verifier)
+
+
+def _from_jwt(creds: _Credentials, token: str) -> Principal | None:
+    """A verified token whose tenant claim names a tenant of the file (else a 401)."""
+    assert creds.verifier is not None
+    claims = creds.verifier.verify(token)
+    if claims is None:
+        return None
+    tenant = claims[creds.verifier.settings.tenant_claim]
+    if tenant not in creds.config.tenants:
+        return None
+    subject = claims.get("sub")
+    return Principal(tenant, "jwt", subject if isinstance(subject, str) else None)

@@ -1,0 +1,169 @@
+"""Idempotency keys, Stripe's model scoped by tenant (DESIGN §4).
+
+The first request with a key claims it for the run it is about to create; a repeat finds the
+stored claim and compares body fingerprints (same body: the same run; a different body: 422
+`idempotency_key_reused`). Claims are atomic per (tenant, key), across replicas in Redis, and
+expire after a TTL. A first attempt that fails before its run exists releases its claim so a
+retry can try again; the release is conditional, so it never drops a claim someone else holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+from redis.asyncio import Redis
+
+MAX_KEY_LEN = 255
+
+
+def validate_key(raw: str) -> str:
+    """The key as given, if it is 1 to 255 printable ASCII characters (0x20 to 0x7E)."""
+    if not raw:
+        raise ValueError("Idempotency-Key is empty")
+    if len(raw) > MAX_KEY_LEN:
+        raise ValueError(f"Idempotency-Key is {len(raw)} characters; at most {MAX_KEY_LEN}")
+    for i, ch in enumerate(raw):
+        if not " " <= ch <= "~":
+            raise ValueError(
+                f"Idempotency-Key has a character outside printable ASCII at position {i}"
+            )
+    return raw
+
+
+def body_fingerprint(body: object) -> str:
+    """A digest of the parsed body: key order and whitespace of the original do not matter."""
+    return "sha256:" + hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(slots=True, frozen=True)
+class Claim:
+    run_id: str
+    fingerprint: str
+    created: float
+    fresh: bool  # True: this call created it; False: it already existed
+
+
+class IdempotencyStore(Protocol):
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
+    ) -> Claim:
+        """Atomically: the first caller for (tenant, key) stores `run_id` and gets fresh=True;
+        everyone after gets the stored claim (fresh=False) until it expires."""
+        ...
+
+    async def release(self, tenant: str, key: str, run_id: str) -> None:
+        """Forget the claim, only if it still maps to `run_id`."""
+        ...
+
+
+def _check_ttl(ttl: float) -> None:
+    if not ttl > 0:
+        raise ValueError(f"idempotency ttl must be positive, got {ttl!r}")
+
+
+@dataclass(slots=True)
+class _Entry:
+    claim: Claim
+    expires: float
+
+
+class MemoryIdempotencyStore:
+    """One replica's claims. Each claim is checked and stored without an await in between, so
+    concurrent tasks see one winner; expired claims are dropped as new ones arrive."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        # NOTE: TTLs may differ per call, so expiry is not insertion order; a heap of
+        # (expires, scope) finds the expired ones. Heap entries left by a release and re-claim
+        # are stale: they are popped in their turn and drop nothing, as the live entry expires
+        # later. The heap holds at most the claims made within one TTL.
+        self._expiry: list[tuple[float, tuple[str, str]]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _sweep(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            _, scope = heapq.heappop(self._expiry)
+            entry = self._entries.get(scope)
+            if entry is not None and entry.expires <= now:
+                del self._entries[scope]
+
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
+    ) -> Claim:
+        _check_ttl(ttl)
+        now = self._clock()
+        self._sweep(now)
+        scope = (tenant, key)
+        entry = self._entries.get(scope)
+        if entry is not None and entry.expires > now:
+            c = entry.claim
+            return Claim(c.run_id, c.fingerprint, c.created, fresh=False)
+        claim = Claim(run_id, fingerprint, now, fresh=True)
+        self._entries[scope] = _Entry(claim, now + ttl)
+        heapq.heappush(self._expiry, (now + ttl, scope))
+        return claim
+
+    async def release(self, tenant: str, key: str, run_id: str) -> None:
+        entry = self._entries.get((tenant, key))
+        if entry is not None and entry.claim.run_id == run_id:
+            del self._entries[(tenant, key)]
+
+
+# KEYS: claim key; ARGV: claim json, ttl ms. Returns {1, json} when stored, {0, stored json}.
+_CLAIM = """
+local stored = redis.call('GET', KEYS[1])
+if stored then return {0, stored} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, ARGV[1]}
+"""
+
+# KEYS: claim key; ARGV: run id. Deletes only a claim that still maps to that run.
+_RELEASE = """
+local stored = redis.call('GET', KEYS[1])
+if stored and cjson.decode(stored)['run_id'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisIdempotencyStore:
+    """Claims shared by replicas: a JSON value per (tenant, key) with a PX expiry.
+
+    The claim is one script (GET, else SET PX), so a claim that expires between a failed
+    SET NX and the GET that would follow cannot leave a caller with nothing.
+    """
+
+    def __init__(self, redis: Redis, prefix: str = "sluice:") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self._claim = redis.register_script(_CLAIM)
+        self._release = redis.register_script(_RELEASE)
+
+    def _key(self, tenant: str, key: str) -> str:
+        # NOTE: the client's key is hashed: Redis keys stay short and free of user text, and the
+        # fixed-length hex tail keeps a tenant name with ':' from colliding with another scope.
+        return f"{self.prefix}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+    async def claim(
+        self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
+    ) -> Claim:
+        _check_ttl(ttl)
+        value = orjson.dumps({"run_id": run_id, "fingerprint": fingerprint, "created": time.time()})
+        fresh, stored = await self._claim(
+            keys=[self._key(tenant, key)], args=[value, max(1, round(ttl * 1000))]
+        )
+        d = orjson.loads(stored)
+        return Claim(d["run_id"], d["fingerprint"], d["created"], fresh=fresh == 1)
+
+    async def release(self, tenant: str, key: str, run_id: str) -> None:
+        await self._release(keys=[self._key(tenant, key)], args=[run_id])

@@ -1,0 +1,335 @@
+"""Tenants and their limits, read from the tenants TOML file (DESIGN §5).
+
+Loading is strict on purpose: a misspelt limit that silently meant "unlimited", or a key hash that
+never matches, is worse than a gateway that refuses to start. Key edits (`sluice keys`) go through
+tomlkit so the operator's comments and ordering survive, and only ever write key hashes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from tomlkit.items import Array
+
+from policies.auth import generate_key, hash_key, key_id
+from policies.tenants_fields import Section, TenantsFileError
+
+ALGORITHMS = ("HS256", "RS256", "ES256")
+DEADLINE_FIELDS = ("queue_timeout", "ttft_timeout", "inter_token_timeout", "total_timeout")
+_LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens", "budget_tokens")
+_TENANT_FIELDS = (*_LIMIT_FIELDS, "budget_period", "models", "safety", *DEADLINE_FIELDS, "keys")
+_JWT_FIELDS = (
+    "algorithms",
+    "issuer",
+    "audience",
+    "jwks_file",
+    "public_key_file",
+    "hs256_secret_env",
+    "tenant_claim",
+    "leeway",
+)
+_KEY_SOURCES = ("jwks_file", "public_key_file", "hs256_secret_env")
+_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_NEW_FILE_HEADER = (
+    "# sluicegate tenants (see DESIGN §5). `sluice keys create` records keys here as SHA-256\n"
+    "# hashes only; a key itself is shown once, when it is created.\n"
+)
+
+
+@dataclass(slots=True, frozen=True)
+class TenantLimits:
+    """Per-tenant limits; None means unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    max_tokens: int | None = None
+    budget_tokens: int | None = None
+    budget_period: float | None = None  # seconds
+
+
+@dataclass(slots=True, frozen=True)
+class KeyEntry:
+    """One API key as stored: its hash and when it was made, never the key."""
+
+    hash: str  # "sha256:<hex>"
+    created: str | None = None  # ISO-8601 UTC
+
+    @property
+    def id(self) -> str:
+        return key_id(self.hash)
+
+
+@dataclass(slots=True, frozen=True)
+class Tenant:
+    name: str
+    limits: TenantLimits = TenantLimits()
+    models: tuple[str, ...] = ("*",)  # fnmatch globs
+    safety: str | None = None
+    deadlines: dict[str, float] = field(default_factory=dict)  # any of DEADLINE_FIELDS
+    keys: tuple[KeyEntry, ...] = ()
+
+    def allows_model(self, model: str) -> bool:
+        # NOTE: fnmatchcase, not fnmatch: model names are case-sensitive on every platform.
+        return any(fnmatchcase(model, pattern) for pattern in self.models)
+
+
+@dataclass(slots=True, frozen=True)
+class JWTSettings:
+    """The `[jwt]` table. Algorithms are pinned here; a token's header never chooses one."""
+
+    algorithms: tuple[str, ...]
+    issuer: str | None = None
+    audience: str | None = None
+    jwks_file: str | None = None  # resolved relative to the tenants file's folder
+    public_key_file: str | None = None  # PEM, resolved the same way
+    hs256_secret_env: str | None = None  # name of the env var holding the HS256 secret
+    tenant_claim: str = "tenant"
+    leeway: float = 30.0
+
+
+@dataclass(slots=True, frozen=True)
+class TenantsConfig:
+    tenants: dict[str, Tenant]
+    jwt: JWTSettings | None = None
+    safety: dict[str, dict] = field(default_factory=dict)  # raw [safety.NAME] tables
+    path: str | None = None
+
+
+def load_tenants(path: str | Path) -> TenantsConfig:
+    """Read and validate the tenants file; any problem is a TenantsFileError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TenantsFileError(f"{path}: no such file", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TenantsFileError(f"{path}: cannot read it: {exc}", path=str(path)) from None
+    return _parse_text(text, path)
+
+
+def single_tenant(api_keys: list[str], name: str = "default") -> TenantsConfig:
+    """The `--api-key` shortcut: one tenant, no limits, only the keys' hashes kept."""
+    hashes = dict.fromkeys(hash_key(key) for key in api_keys)  # ordered, duplicates dropped
+    tenant = Tenant(name, keys=tuple(KeyEntry(h) for h in hashes))
+    return TenantsConfig(tenants={name: tenant})
+
+
+def _parse_text(text: str, path: Path) -> TenantsConfig:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TenantsFileError(f"{path}: not valid TOML: {exc}", path=str(path)) from None
+    return _parse(raw, path)
+
+
+def _parse(raw: dict[str, Any], path: Path) -> TenantsConfig:
+    Section(path, "top level").reject_unknown(raw, ("tenants", "safety", "jwt"))
+    safety = _tables(raw, "safety", path)
+    tenants = {
+        name: _tenant(name, table, path, safety)
+        for name, table in _tables(raw, "tenants", path).items()
+    }
+    _check_unique_keys(tenants, path)
+    jwt = _jwt(raw["jwt"], path) if "jwt" in raw else None
+    return TenantsConfig(tenants=tenants, jwt=jwt, safety=safety, path=str(path))
+
+
+def _tables(raw: dict[str, Any], name: str, path: Path) -> dict[str, dict]:
+    """`[name.X]` tables as a dict; each X must itself be a table."""
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        Section(path, "top level").fail(name, f"expected [{name}.NAME] tables")
+    for key, table in value.items():
+        if not isinstance(table, dict):
+            Section(path, "top level").fail(f"{name}.{key}", "expected a table")
+    return value
+
+
+def _tenant(name: str, table: dict[str, Any], path: Path, safety: dict[str, dict]) -> Tenant:
+    where = Section(path, f"tenant {name!r}", tenant=name)
+    where.reject_unknown(table, _TENANT_FIELDS)
+    limits = {f: where.positive_int(table, f) for f in _LIMIT_FIELDS}
+    period = where.seconds(table, "budget_period", allow_zero=False)
+    if (period is None) != (limits["budget_tokens"] is None):
+        missing = "budget_tokens" if period is not None else "budget_period"
+        where.fail(missing, "budget_tokens and budget_period go together; set both or neither")
+    policy = where.text(table, "safety")
+    if policy is not None and policy not in safety:
+        where.fail("safety", f"no [safety.{policy}] table in this file")
+    deadlines = {f: where.seconds(table, f, allow_zero=True) for f in DEADLINE_FIELDS}
+    models = where.strings(table, "models")
+    return Tenant(
+        name=name,
+        limits=TenantLimits(**limits, budget_period=period),
+        models=("*",) if models is None else models,
+        safety=policy,
+        deadlines={f: s for f, s in deadlines.items() if s is not None},
+        keys=_keys(table.get("keys", []), where),
+    )
+
+
+def _keys(value: object, where: Section) -> tuple[KeyEntry, ...]:
+    if not isinstance(value, list):
+        where.fail("keys", "expected a list of key hashes")
+    entries = []
+    for i, item in enumerate(value):
+        name = f"keys[{i}]"
+        if isinstance(item, dict):
+            for unknown in sorted(set(item) - {"hash", "created"}):
+                where.fail(f"{name}.{unknown}", "unknown field (known: hash, created)")
+            digest, created = item.get("hash"), item.get("created")
+        else:
+            digest, created = item, None
+        # NOTE: the bad value is never echoed: it may be a plaintext key pasted by mistake.
+        if not isinstance(digest, str) or not _HASH.fullmatch(digest):
+            where.fail(name, 'expected "sha256:" and 64 lowercase hex digits (a key hash)')
+        if isinstance(created, datetime | date):
+            created = created.isoformat()
+        elif created is not None and not isinstance(created, str):
+            where.fail(f"{name}.created", f"expected an ISO-8601 time, got {created!r}")
+        entries.append(KeyEntry(digest, created))
+    return tuple(entries)
+
+
+def _check_unique_keys(tenants: dict[str, Tenant], path: Path) -> None:
+    """A hash listed twice would make a key's tenant depend on the order of the file."""
+    owner: dict[str, str] = {}
+    for tenant in tenants.values():
+        for entry in tenant.keys:
+            if entry.hash in owner:
+                where = Section(path, f"tenant {tenant.name!r}", tenant=tenant.name)
+                first = owner[entry.hash]
+                where.fail("keys", f"key {entry.id} is also listed under tenant {first!r}")
+            owner[entry.hash] = tenant.name
+
+
+def _jwt(table: object, path: Path) -> JWTSettings:
+    where = Section(path, "[jwt]")
+    if not isinstance(table, dict):
+        where.fail("jwt", "expected a table")
+    where.reject_unknown(table, _JWT_FIELDS)
+    algorithms = where.strings(table, "algorithms")
+    if not algorithms:
+        where.fail("algorithms", f"required: a non-empty list of {', '.join(ALGORITHMS)}")
+    for alg in algorithms:
+        if alg not in ALGORITHMS:
+            where.fail("algorithms", f"{alg!r} is not accepted; use {', '.join(ALGORITHMS)}")
+    sources = [name for name in _KEY_SOURCES if table.get(name) is not None]
+    if len(sources) != 1:
+        where.fail(sources[1] if sources else "jwks_file", f"set exactly one of {_KEY_SOURCES}")
+    symmetric = "HS256" in algorithms
+    if symmetric and (sources != ["hs256_secret_env"] or len(set(algorithms)) > 1):
+        where.fail("algorithms", "HS256 needs hs256_secret_env and cannot mix with RS256/ES256")
+    if not symmetric and sources == ["hs256_secret_env"]:
+        where.fail("hs256_secret_env", "is for HS256; RS256/ES256 need a PEM or JWKS file")
+    leeway = where.seconds(table, "leeway", allow_zero=True)
+    return JWTSettings(
+        algorithms=tuple(dict.fromkeys(algorithms)),
+        issuer=where.text(table, "issuer"),
+        audience=where.text(table, "audience"),
+        jwks_file=_beside(path, where.text(table, "jwks_file")),
+        public_key_file=_beside(path, where.text(table, "public_key_file")),
+        hs256_secret_env=where.text(table, "hs256_secret_env"),
+        tenant_claim=where.text(table, "tenant_claim") or "tenant",
+        leeway=30.0 if leeway is None else leeway,
+    )
+
+
+def _beside(path: Path, name: str | None) -> str | None:
+    """A file named in the tenants file is relative to that file's folder, not to the cwd."""
+    return None if name is None else str(path.parent / name)
+
+
+def create_key(path: str | Path, tenant: str) -> tuple[str, KeyEntry]:
+    """Make a key for `tenant` and record only its hash; the caller shows the key once."""
+    path = Path(path)
+    if not tenant:
+        raise TenantsFileError(f"{path}: a tenant name is required", path=str(path))
+    doc = _read_document(path) if path.exists() else tomlkit.parse(_NEW_FILE_HEADER)
+    key = generate_key()
+    entry = KeyEntry(hash_key(key), datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    keys = _keys_array(doc, tenant)
+    keys.multiline(True)  # one key per line keeps diffs and hand edits readable
+    keys.append(tomlkit.inline_table().add("hash", entry.hash).add("created", entry.created))
+    _write_document(path, doc)
+    return key, entry
+
+
+def list_keys(path: str | Path) -> list[tuple[str, str, str | None]]:
+    """(key id, tenant, created) for every key in the file."""
+    config = load_tenants(path)
+    return [(e.id, t.name, e.created) for t in config.tenants.values() for e in t.keys]
+
+
+def revoke_key(path: str | Path, key_id_: str) -> bool:
+    """Remove the key with this id; False when no key has it (the file is then untouched)."""
+    path = Path(path)
+    doc = _read_document(path)
+    found: list[tuple[Array, int]] = []
+    for table in doc.get("tenants", {}).values():
+        keys = table.get("keys", [])
+        for i, item in enumerate(keys):
+            digest = item.get("hash") if isinstance(item, dict) else item
+            if key_id(str(digest)) == key_id_:
+                found.append((keys, i))
+    if len(found) > 1:
+        raise TenantsFileError(f"{path}: key id {key_id_} is ambiguous; edit the file by hand")
+    if not found:
+        return False
+    keys, i = found[0]
+    del keys[i]
+    _write_document(path, doc)
+    return True
+
+
+def _read_document(path: Path) -> tomlkit.TOMLDocument:
+    """The file as tomlkit sees it, after checking it loads: never edit a broken file."""
+    load_tenants(path)
+    return tomlkit.parse(path.read_text(encoding="utf-8"))
+
+
+def _keys_array(doc: tomlkit.TOMLDocument, tenant: str) -> Array:
+    if "tenants" not in doc:
+        doc["tenants"] = tomlkit.table(is_super_table=True)
+    tenants = doc["tenants"]
+    if tenant not in tenants:
+        table = tomlkit.table()
+        table["keys"] = tomlkit.array()
+        table.add(tomlkit.nl())
+        tenants[tenant] = table
+    table = tenants[tenant]
+    if "keys" not in table:
+        table["keys"] = tomlkit.array()
+    return table["keys"]
+
+
+def _write_document(path: Path, doc: tomlkit.TOMLDocument) -> None:
+    """Check the new text loads, then swap it in atomically (a reader never sees half a file)."""
+    text = tomlkit.dumps(doc)
+    _parse_text(text, path)
+    target = Path(os.path.realpath(path))
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if target.exists():
+            shutil.copymode(target, tmp)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,285 @@
+"""The tenants file: the DESIGN §5 shape, strict validation, and key edits that keep comments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies.auth import hash_key, key_id
+from policies.tenants import (
+    KeyEntry,
+    Tenant,
+    TenantLimits,
+    TenantsFileError,
+    create_key,
+    list_keys,
+    load_tenants,
+    revoke_key,
+    single_tenant,
+)
+from policies.tenants_fields import parse_duration
+
+HASH_A = hash_key("sk-sluice-a")
+HASH_B = hash_key("sk-sluice-b")
+
+DESIGN_EXAMPLE = f"""
+[tenants.acme]
+rpm = 600                  # requests per minute
+tpm = 200000               # tokens per minute: prompt + requested max reserved, unused refunded
+max_concurrent = 16        # live runs at once
+max_tokens = 4096          # cap on max_tokens / max_completion_tokens
+budget_tokens = 10000000   # tokens per budget period
+budget_period = "30d"
+models = ["*"]             # allowed model names (globs)
+safety = "default"         # a [safety.NAME] policy, or absent for none
+queue_timeout = 30         # seconds; also ttft_timeout, inter_token_timeout, total_timeout
+keys = ["{HASH_A}"]      # hashes only; written by `sluice keys create`
+
+[safety.default]
+mode = "chars"             # or "sentence"
+window_chars = 32          # text held back behind the generation front
+block_terms = ["..."]      # case-insensitive terms/regexes: a hit stops the run (content_filter)
+redact = ["email", "card", "secret"]   # built-in detectors: spans become "[REDACTED]"
+
+[jwt]                      # optional
+issuer = "https://issuer.example"
+audience = "sluicegate"
+algorithms = ["RS256"]     # pinned; the token's header never chooses
+jwks_file = "jwks.json"    # or hs256_secret_env = "SLUICE_JWT_SECRET"
+tenant_claim = "tenant"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "tenants.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def load_error(tmp_path: Path, text: str) -> TenantsFileError:
+    path = write(tmp_path, text)
+    with pytest.raises(TenantsFileError) as info:
+        load_tenants(path)
+    assert str(path) in str(info.value)
+    return info.value
+
+
+def test_the_design_example_loads(tmp_path):
+    config = load_tenants(write(tmp_path, DESIGN_EXAMPLE))
+    acme = config.tenants["acme"]
+    assert acme.limits == TenantLimits(
+        rpm=600,
+        tpm=200000,
+        max_concurrent=16,
+        max_tokens=4096,
+        budget_tokens=10_000_000,
+        budget_period=30 * 86400.0,
+    )
+    assert acme.models == ("*",)
+    assert acme.safety == "default"
+    assert acme.deadlines == {"queue_timeout": 30.0}
+    assert acme.keys == (KeyEntry(HASH_A),)
+    assert acme.keys[0].id == key_id(HASH_A)
+    assert config.safety["default"]["window_chars"] == 32
+    jwt = config.jwt
+    assert jwt is not None
+    assert (jwt.algorithms, jwt.issuer, jwt.audience) == (
+        ("RS256",),
+        "https://issuer.example",
+        "sluicegate",
+    )
+    assert jwt.jwks_file == str(tmp_path / "jwks.json")  # beside the tenants file, not the cwd
+    assert (jwt.tenant_claim, jwt.leeway) == ("tenant", 30.0)
+    assert config.path == str(tmp_path / "tenants.toml")
+
+
+def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path):
+    tenant = load_tenants(write(tmp_path, "[tenants.free]\n")).tenants["free"]
+    assert tenant == Tenant("free")
+    assert tenant.limits == TenantLimits()
+    assert tenant.allows_model("anything/at-all")
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ("rmp = 600", "rmp", "did you mean 'rpm'"),
+        ("rpm = 0", "rpm", "positive integer"),
+        ("tpm = -5", "tpm", "positive integer"),
+        ('max_concurrent = "16"', "max_concurrent", "positive integer"),
+        ("max_tokens = 1.5", "max_tokens", "positive integer"),
+        ("rpm = true", "rpm", "positive integer"),
+        ('budget_period = "30d"', "budget_tokens", "go together"),
+        ("budget_tokens = 1000", "budget_period", "go together"),
+        ('budget_tokens = 1000\nbudget_period = "30 days"', "budget_period", "duration"),
+        ('budget_tokens = 1000\nbudget_period = "0s"', "budget_period", "positive"),
+        ('models = "gpt-*"', "models", "list of non-empty strings"),
+        ("models = [1]", "models", "list of non-empty strings"),
+        ('safety = "strict"', "safety", "no [safety.strict] table"),
+        ("queue_timeout = -1", "queue_timeout", "at least 0"),
+        ('ttft_timeout = "soon"', "ttft_timeout", "duration"),
+        (f'keys = "{HASH_A}"', "keys", "list of key hashes"),
+        ('keys = ["sha256:abc"]', "keys[0]", "64 lowercase hex"),
+        (f'keys = [{{hash = "{HASH_A}", note = "x"}}]', "keys[0].note", "unknown field"),
+        (f'keys = [{{hash = "{HASH_A}", created = 5}}]', "keys[0].created", "ISO-8601"),
+    ],
+)
+def test_every_tenant_error_names_the_file_the_tenant_and_the_field(tmp_path, body, field, words):
+    error = load_error(tmp_path, f"[tenants.acme]\n{body}\n")
+    assert "tenant 'acme'" in str(error)
+    assert f"field {field!r}" in str(error)
+    assert words in str(error)
+    assert (error.tenant, error.field) == ("acme", field)
+
+
+def test_a_plaintext_key_pasted_into_keys_is_refused_without_being_echoed(tmp_path):
+    error = load_error(tmp_path, '[tenants.acme]\nkeys = ["sk-sluice-very-secret"]\n')
+    assert error.field == "keys[0]"
+    assert "very-secret" not in str(error)
+
+
+def test_the_same_key_in_two_tenants_is_an_error(tmp_path):
+    text = f'[tenants.a]\nkeys = ["{HASH_A}"]\n[tenants.b]\nkeys = ["{HASH_B}", "{HASH_A}"]\n'
+    error = load_error(tmp_path, text)
+    assert (error.tenant, error.field) == ("b", "keys")
+    assert f"key {key_id(HASH_A)} is also listed under tenant 'a'" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ('jwks_file = "j.json"', "algorithms", "required"),
+        ('algorithms = []\njwks_file = "j.json"', "algorithms", "required"),
+        ('algorithms = ["none"]\njwks_file = "j.json"', "algorithms", "'none' is not accepted"),
+        ('algorithms = ["HS512"]\nhs256_secret_env = "S"', "algorithms", "not accepted"),
+        ('algorithms = ["RS256"]', "jwks_file", "exactly one"),
+        (
+            'algorithms = ["RS256"]\njwks_file = "j"\npublic_key_file = "k"',
+            "public_key_file",
+            "one",
+        ),
+        ('algorithms = ["HS256"]\njwks_file = "j.json"', "algorithms", "HS256 needs"),
+        ('algorithms = ["HS256", "RS256"]\nhs256_secret_env = "S"', "algorithms", "cannot mix"),
+        ('algorithms = ["RS256"]\nhs256_secret_env = "S"', "hs256_secret_env", "is for HS256"),
+        ('algorithms = ["RS256"]\njwks_file = "j"\naudiance = "x"', "audiance", "audience"),
+        ('algorithms = ["RS256"]\njwks_file = "j"\nleeway = -1', "leeway", "at least 0"),
+    ],
+)
+def test_jwt_table_errors_name_the_field(tmp_path, body, field, words):
+    error = load_error(tmp_path, f"[jwt]\n{body}\n")
+    assert f"[jwt]: field {field!r}" in str(error)
+    assert words in str(error)
+
+
+def test_file_level_errors_name_the_file(tmp_path):
+    assert "did you mean 'tenants'" in str(load_error(tmp_path, "[tenant.acme]\nrpm = 1\n"))
+    assert "not valid TOML" in str(load_error(tmp_path, "[tenants.acme\n"))
+    missing = tmp_path / "nowhere.toml"
+    with pytest.raises(TenantsFileError, match=r"nowhere\.toml: no such file"):
+        load_tenants(missing)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30d", 2_592_000.0), ("12h", 43_200.0), ("90m", 5_400.0), ("45s", 45.0), ("2.5h", 9_000.0),
+     ("600", 600.0), (60, 60.0), (1.5, 1.5)],
+)  # fmt: skip
+def test_durations(value, seconds):
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["30 days", "", "d", "-5s", "1w", True, float("inf"), [1]])
+def test_not_durations(value):
+    with pytest.raises(ValueError):
+        parse_duration(value)
+
+
+def test_budget_period_is_stored_in_seconds(tmp_path):
+    text = '[tenants.a]\nbudget_tokens = 5\nbudget_period = "12h"\n'
+    assert load_tenants(write(tmp_path, text)).tenants["a"].limits.budget_period == 43_200.0
+
+
+def test_allows_model_matches_globs_case_sensitively():
+    tenant = Tenant("t", models=("gpt-4*", "llama-?-8b"))
+    assert tenant.allows_model("gpt-4o-mini")
+    assert tenant.allows_model("llama-3-8b")
+    assert not tenant.allows_model("llama-31-8b")
+    assert not tenant.allows_model("GPT-4o")
+    assert not tenant.allows_model("claude")
+    assert not Tenant("nothing", models=()).allows_model("gpt-4o")
+
+
+def test_single_tenant_keeps_only_hashes_and_drops_duplicates():
+    config = single_tenant(["sk-one", "sk-two", "sk-one"])
+    tenant = config.tenants["default"]
+    assert tenant.keys == (KeyEntry(hash_key("sk-one")), KeyEntry(hash_key("sk-two")))
+    assert tenant.limits == TenantLimits()
+    assert config.jwt is None
+    assert single_tenant([], name="solo").tenants["solo"].keys == ()
+
+
+HAND_WRITTEN = f"""# Production tenants. Ask #platform before raising limits.
+[tenants.acme]
+rpm = 600  # agreed with acme in March
+keys = [
+    "{HASH_A}",  # the CI key
+]
+"""
+
+
+def test_create_list_revoke_round_trip_keeps_comments_and_never_writes_a_key(tmp_path):
+    path = write(tmp_path, HAND_WRITTEN)
+    key, entry = create_key(path, "acme")
+    other, other_entry = create_key(path, "beta")  # a tenant not yet in the file
+
+    raw = path.read_bytes()
+    assert key.startswith("sk-sluice-") and other.startswith("sk-sluice-")
+    assert key.encode() not in raw and other.encode() not in raw
+    assert entry.hash == hash_key(key) and entry.hash.encode() in raw
+    assert b"# Production tenants. Ask #platform" in raw
+    assert b"# agreed with acme in March" in raw and b"# the CI key" in raw
+    assert entry.created and entry.created.endswith("Z")
+
+    config = load_tenants(path)
+    assert config.tenants["acme"].keys == (KeyEntry(HASH_A), entry)
+    assert config.tenants["acme"].limits.rpm == 600
+    assert config.tenants["beta"].keys == (other_entry,)
+    assert list_keys(path) == [
+        (key_id(HASH_A), "acme", None),
+        (entry.id, "acme", entry.created),
+        (other_entry.id, "beta", other_entry.created),
+    ]
+
+    assert revoke_key(path, entry.id)
+    assert [row[0] for row in list_keys(path)] == [key_id(HASH_A), other_entry.id]
+    raw = path.read_bytes()
+    assert entry.hash.encode() not in raw
+    assert b"# agreed with acme in March" in raw and b"# the CI key" in raw
+
+    before = path.read_bytes()
+    assert not revoke_key(path, "key_000000000000")
+    assert path.read_bytes() == before
+
+
+def test_create_key_makes_the_file_when_there_is_none(tmp_path):
+    path = tmp_path / "new" / "tenants.toml"
+    path.parent.mkdir()
+    key, entry = create_key(path, "acme")
+    assert load_tenants(path).tenants["acme"].keys == (entry,)
+    assert key.encode() not in path.read_bytes()
+    assert path.read_text().startswith("# sluicegate tenants")
+
+
+def test_create_key_refuses_to_edit_a_broken_file(tmp_path):
+    path = write(tmp_path, "[tenants.acme]\nrmp = 5\n")
+    with pytest.raises(TenantsFileError, match="rmp"):
+        create_key(path, "acme")
+    assert path.read_text() == "[tenants.acme]\nrmp = 5\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["tenants.toml"]  # no temp file left behind
+
+
+def test_key_entries_may_carry_a_toml_datetime(tmp_path):
+    text = f'[tenants.a]\nkeys = [{{hash = "{HASH_A}", created = 2024-05-01T12:00:00Z}}]\n'
+    entry = load_tenants(write(tmp_path, text)).tenants["a"].keys[0]
+    assert entry.created == "2024-05-01T12:00:00+00:00"
