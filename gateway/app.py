@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 
 import structlog
 from aiohttp import web
-from redis.asyncio import Redis
 
 from adapters.base import Adapter
 from adapters.catalog import Catalog
@@ -20,27 +19,15 @@ from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
-from gateway.keys import AUTH, CATALOG, METRICS, OPEN_STREAMS, RUNS, SETTINGS
+from gateway.keys import AUTH, CATALOG, METRICS, OPEN_STREAMS, SETTINGS
 from gateway.local_worker import LocalWorker
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
-from gateway.runs.manager import RunManager
-from gateway.runs.store import RunStore
-from gateway.runs.store_memory import MemoryRunStore
-from gateway.runs.store_redis import RedisRunStore
 from gateway.settings import DEFAULT_MODEL, Settings
-from policies.auth import KeyAuthenticator
+from gateway.state import shared_state
+from gateway.tenancy import build_authenticator, watch_tenants_file
 
 log = structlog.get_logger("sluice.app")
-
-
-def build_authenticator(settings: Settings) -> KeyAuthenticator:
-    auth = KeyAuthenticator()
-    for key in settings.api_key:
-        auth.add_key(key)
-    if not len(auth):
-        raise ValueError("no API key configured: pass --api-key (the CLI generates one)")
-    return auth
 
 
 def _remote_adapters(settings: Settings) -> list[Adapter]:
@@ -87,39 +74,6 @@ def _backends(adapters: list[Adapter] | None):
     return ctx
 
 
-async def _runs(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: the run store (in-process, or Redis shared by replicas) and the runs."""
-    settings = app[SETTINGS]
-    redis = None
-    store: RunStore
-    if settings.redis_url:
-        redis = Redis.from_url(settings.redis_url)
-        store = RedisRunStore(
-            redis,
-            prefix=settings.redis_prefix,
-            max_events=settings.run_max_events,
-            retention=settings.run_retention,
-        )
-    else:
-        store = MemoryRunStore(max_events=settings.run_max_events, retention=settings.run_retention)
-    runs = RunManager(
-        store,
-        app[METRICS],
-        disconnect_grace=settings.disconnect_grace,
-        confirm_timeout=settings.cancel_confirm_timeout,
-        lease_ttl=settings.lease_ttl if redis is not None else None,
-    )
-    await runs.open()
-    app[RUNS] = runs
-    try:
-        yield
-    finally:
-        await runs.close()
-        if redis is not None:
-            await store.close()
-            await redis.aclose()
-
-
 async def _cancel_open_streams(app: web.Application) -> None:
     """on_shutdown: end live streams now instead of waiting out the shutdown timeout."""
     for task in list(app[OPEN_STREAMS]):
@@ -137,7 +91,8 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app[CATALOG] = Catalog()
     app[OPEN_STREAMS] = weakref.WeakSet()
     app.cleanup_ctx.append(_backends(adapters))
-    app.cleanup_ctx.append(_runs)  # after the backends: closed before them
+    app.cleanup_ctx.append(shared_state)  # after the backends: closed before them
+    app.cleanup_ctx.append(watch_tenants_file)
     app.on_response_prepare.append(add_request_id)
     app.on_shutdown.append(_cancel_open_streams)
     app.router.add_post("/v1/chat/completions", create_chat_completion)

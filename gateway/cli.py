@@ -42,6 +42,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, help="seconds for a whole run (0: none)")
     p.add_argument("--slow-client-timeout", type=float, help="detach a stream unwritable this long")
     p.add_argument("--run-retention", type=float, help="seconds an ended run stays resumable")
+    p.add_argument("--idempotency-ttl", type=float, help="seconds an Idempotency-Key lives (24 h)")
+    p.add_argument("--usage-file", help="JSONL usage ledger when there is no Redis")
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     p.add_argument("--ping-interval", type=float, help="seconds of idle stream before a ': ping'")
     p.add_argument("--config", help="TOML file with any of these settings")

@@ -7,20 +7,29 @@ import weakref
 from aiohttp import web
 
 from adapters.catalog import Catalog
+from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.runs.manager import RunManager
 from gateway.settings import Settings
-from policies.auth import KeyAuthenticator, Principal
+from policies.auth import Authenticator, Principal
+from policies.idempotency import IdempotencyStore
+from policies.quotas import QuotaStore
+from policies.tenants import Tenant
 
 SETTINGS = web.AppKey("settings", Settings)
 CATALOG = web.AppKey("catalog", Catalog)
 METRICS = web.AppKey("metrics", GatewayMetrics)
-AUTH = web.AppKey("auth", KeyAuthenticator)
+AUTH = web.AppKey("auth", Authenticator)
 OPEN_STREAMS = web.AppKey("open_streams", weakref.WeakSet)
 RUNS = web.AppKey("runs", RunManager)
+QUOTAS = web.AppKey("quotas", QuotaStore)
+IDEMPOTENCY = web.AppKey("idempotency", IdempotencyStore)
+LEDGER = web.AppKey("ledger", UsageLedger)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)
 STARTED = web.RequestKey("started", float)
 PRINCIPAL = web.RequestKey("principal", Principal)
+TENANT = web.RequestKey("tenant", Tenant)
 MODEL_LABEL = web.RequestKey("model_label", str)
+RATE_HEADERS = web.RequestKey("rate_headers", dict)  # x-ratelimit-* for this response

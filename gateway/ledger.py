@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,12 @@ def _wanted(record: UsageRecord, since: float | None, tenant: str | None) -> boo
     )
 
 
+def default_usage_file() -> Path:
+    """Where the JSONL ledger lives unless told otherwise: the user's state folder."""
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "sluicegate" / "usage.jsonl"
+
+
 class JsonlLedger:
     """One JSON line per record, appended to a file.
 
@@ -90,6 +97,7 @@ class JsonlLedger:
 
     async def append(self, record: UsageRecord) -> None:
         if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "ab", buffering=0)  # noqa: ASYNC230, SIM115 (see NOTE)
         line = memoryview(record.to_json() + b"\n")
         while line:

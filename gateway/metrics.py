@@ -142,3 +142,14 @@ class GatewayMetrics:
             ["deadline"],
             registry=r,
         )
+        self.quota_rejections = Counter(
+            "sluice_quota_rejections_total",
+            "Requests refused by a tenant limit (requests, tokens, concurrency, budget, model).",
+            ["limit"],
+            registry=r,
+        )
+        self.idempotent_replays = Counter(
+            "sluice_idempotent_replays_total",
+            "Requests answered from the run an earlier request with the same key started.",
+            registry=r,
+        )

@@ -10,8 +10,19 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
+from gateway.admission import quota_limits
 from gateway.errors import APIError, internal_error, invalid_api_key
-from gateway.keys import AUTH, METRICS, MODEL_LABEL, PRINCIPAL, REQUEST_ID, STARTED
+from gateway.keys import (
+    AUTH,
+    METRICS,
+    MODEL_LABEL,
+    PRINCIPAL,
+    QUOTAS,
+    RATE_HEADERS,
+    REQUEST_ID,
+    STARTED,
+    TENANT,
+)
 
 log = structlog.get_logger("sluice.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -63,12 +74,22 @@ def _count(request: web.Request, status: int) -> None:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every `/v1/` route needs a valid bearer credential."""
+    """Every `/v1/` route needs a valid bearer credential of a known tenant; its answer carries
+    the tenant's rate-limit headers (the chat handler refreshes them after admission)."""
     if request.path.startswith("/v1/"):
-        principal = request.app[AUTH].authenticate(request.headers.get("Authorization"))
+        auth = request.app[AUTH]
+        principal = auth.authenticate(request.headers.get("Authorization"))
         if principal is None:
             raise invalid_api_key()
+        try:
+            tenant = auth.tenant(principal.tenant)
+        except KeyError:  # removed by a reload since the credential was checked
+            raise invalid_api_key() from None
         request[PRINCIPAL] = principal
+        request[TENANT] = tenant
+        limits = quota_limits(tenant.limits)
+        if limits.rpm or limits.tpm:
+            request[RATE_HEADERS] = await request.app[QUOTAS].headers(tenant.name, limits)
     return await handler(request)
 
 
@@ -77,3 +98,7 @@ async def add_request_id(request: web.Request, response: web.StreamResponse) -> 
     request_id = request.get(REQUEST_ID)
     if request_id:
         response.headers["x-request-id"] = request_id
+    rate = request.get(RATE_HEADERS)
+    if rate:
+        for name, value in rate.items():
+            response.headers.setdefault(name, value)

@@ -39,6 +39,9 @@ class Settings:
     run_retention: float = 600.0  # seconds an ended run can still be retrieved and resumed
     run_max_events: int = 4096  # events kept per run for resume
     lease_ttl: float = 10.0  # with Redis: a replica silent this long has its runs failed
+    idempotency_ttl: float = 86400.0  # seconds an Idempotency-Key keeps its run
+    usage_file: str | None = None  # the JSONL usage ledger without Redis (default: state dir)
+    default_max_tokens: int = 1024  # tokens reserved against tpm when a request names no max
     max_body_bytes: int = 4 * 1024 * 1024
     ping_interval: float = 15.0
     worker_start_timeout: float = 300.0
@@ -49,15 +52,19 @@ class Settings:
         """DESIGN §9: a local worker unless only remote backends were named."""
         return self.model is not None or not (self.worker_url or self.upstream)
 
-    def deadlines(self) -> Deadlines:
-        def limit(seconds: float) -> float | None:
+    def deadlines(self, overrides: dict[str, float] | None = None) -> Deadlines:
+        """The run deadlines; a tenant's own values (`queue_timeout`, …) replace the defaults."""
+        o = overrides or {}
+
+        def limit(name: str, default: float) -> float | None:
+            seconds = o.get(name, default)
             return seconds if seconds > 0 else None
 
         return Deadlines(
-            queue=limit(self.queue_timeout),
-            ttft=limit(self.ttft_timeout),
-            inter_token=limit(self.inter_token_timeout),
-            total=limit(self.request_timeout),
+            queue=limit("queue_timeout", self.queue_timeout),
+            ttft=limit("ttft_timeout", self.ttft_timeout),
+            inter_token=limit("inter_token_timeout", self.inter_token_timeout),
+            total=limit("total_timeout", self.request_timeout),
         )
 
     def upstreams(self) -> list[tuple[str, str]]:

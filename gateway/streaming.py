@@ -156,7 +156,9 @@ async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWrit
     await writer.close()
 
 
-async def respond_with_result(request: web.Request, run_id: str) -> web.Response:
+async def respond_with_result(
+    request: web.Request, run_id: str, headers: dict[str, str] | None = None
+) -> web.Response:
     """Wait for the run's end and answer with its `chat.completion` (or its error)."""
     runs = request.app[RUNS]
     try:
@@ -166,5 +168,8 @@ async def respond_with_result(request: web.Request, run_id: str) -> web.Response
         request.app[METRICS].disconnects.inc()
         raise
     if terminal.status is RunStatus.COMPLETED and terminal.completion is not None:
-        return web.Response(body=orjson.dumps(terminal.completion), content_type="application/json")
-    raise terminal_error(terminal)
+        body = orjson.dumps(terminal.completion)
+        return web.Response(body=body, content_type="application/json", headers=headers)
+    error = terminal_error(terminal)
+    error.headers.update(headers or {})
+    raise error

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.ledger import JsonlLedger, RedisLedger, UsageLedger, totals
+from gateway.ledger import JsonlLedger, RedisLedger, UsageLedger, default_usage_file, totals
 
-DEFAULT_USAGE_FILE = "sluice-usage.jsonl"
+DEFAULT_USAGE_FILE = str(default_usage_file())
 COLUMNS = (
     "tenant",
     "model",

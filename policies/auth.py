@@ -44,26 +44,6 @@ def bearer_token(header: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-class KeyAuthenticator:
-    """Maps API-key hashes to principals."""
-
-    def __init__(self) -> None:
-        self._by_hash: dict[str, Principal] = {}
-
-    def add_key(self, key: str, tenant: str = "default") -> None:
-        self.add_hash(hash_key(key), tenant)
-
-    def add_hash(self, key_hash: str, tenant: str) -> None:
-        self._by_hash[key_hash] = Principal(tenant, key_id(key_hash))
-
-    def authenticate(self, authorization: str | None) -> Principal | None:
-        token = bearer_token(authorization)
-        return self._by_hash.get(hash_key(token)) if token else None
-
-    def __len__(self) -> int:
-        return len(self._by_hash)
-
-
 @dataclass(slots=True, frozen=True)
 class _Credentials:
     """Everything one config yields, so a reload replaces it in a single assignment."""

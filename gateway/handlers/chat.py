@@ -1,13 +1,20 @@
-"""`POST /v1/chat/completions`: parse, route to the model's adapter, start a run, answer from it."""
+"""`POST /v1/chat/completions`: parse, check the tenant's policies, start a run (or find the one
+an earlier request with the same Idempotency-Key started), answer from it."""
 
 from __future__ import annotations
+
+import asyncio
 
 import orjson
 from aiohttp import web
 
+from gateway import idempotent
+from gateway.admission import admit, cap_max_tokens, check_model, prompt_estimate, settlement
 from gateway.errors import APIError, invalid_request, model_not_found
-from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, RUNS, SETTINGS, STARTED
+from gateway.idempotent import idempotency_key
+from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, RUNS, SETTINGS, STARTED, TENANT
 from gateway.protocol import parse_chat_request
+from gateway.runs.manager import new_run_id
 from gateway.streaming import respond_with_result, stream_run
 
 
@@ -31,12 +38,16 @@ async def read_json(request: web.Request) -> object:
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    chat = parse_chat_request(await read_json(request))
-    adapter = request.app[CATALOG].lookup(chat.model)
+    body = await read_json(request)
+    chat = parse_chat_request(body)
+    app, tenant, principal = request.app, request[TENANT], request[PRINCIPAL]
+    adapter = app[CATALOG].lookup(chat.model)
     if adapter is None:
         request[MODEL_LABEL] = "unknown"
         raise model_not_found(chat.model)
     request[MODEL_LABEL] = chat.model
+    check_model(request, tenant, chat.model)
+    cap_max_tokens(tenant, chat)
     param = adapter.unsupported_param(chat)
     if param is not None:
         raise invalid_request(
@@ -44,13 +55,34 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             f"'{param}' is not supported by model '{chat.model}'.",
             code="unsupported_parameter",
         )
-    driver = await request.app[RUNS].start(
-        chat,
-        adapter,
-        request[PRINCIPAL].tenant,
-        started=request[STARTED],
-        deadlines=request.app[SETTINGS].deadlines(),
-    )
-    if chat.stream:
-        return await stream_run(request, driver.run_id)
-    return await respond_with_result(request, driver.run_id)
+    run_id = new_run_id()
+    key = idempotency_key(request)
+    if key is not None:
+        replay = await idempotent.claim(request, tenant.name, key, body, run_id)
+        if replay is not None:
+            return await _answer(request, replay, chat.stream, idempotent.REPLAYED)
+    try:
+        admission = await admit(request, tenant, chat, run_id)
+        await app[RUNS].start(
+            chat,
+            adapter,
+            tenant.name,
+            started=request[STARTED],
+            deadlines=app[SETTINGS].deadlines(tenant.deadlines),
+            run_id=run_id,
+            principal=principal.key_id,
+            on_settled=settlement(app, principal, admission, prompt_estimate(chat)),
+        )
+    except BaseException:
+        if key is not None:
+            await asyncio.shield(idempotent.release(request, tenant.name, key, run_id))
+        raise
+    return await _answer(request, run_id, chat.stream)
+
+
+async def _answer(
+    request: web.Request, run_id: str, stream: bool, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    if stream:
+        return await stream_run(request, run_id, headers=headers)
+    return await respond_with_result(request, run_id, headers)

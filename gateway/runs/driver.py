@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+
+import structlog
 
 from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable
 from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
@@ -33,6 +35,7 @@ from gateway.runs.state import RunStatus
 from gateway.runs.store import LogClosed, RunStore, TerminalRecord
 
 BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed)
+log = structlog.get_logger("sluice.runs")
 
 
 class RunDriver:
@@ -48,12 +51,17 @@ class RunDriver:
         metrics: GatewayMetrics | None = None,
         started: float | None = None,
         confirm_timeout: float = 5.0,
+        principal: str = "",
+        on_settled: Callable[[RunDriver], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_settled` runs once the run is over and accounted (quota refund, usage record)."""
         self.store = store
         self.adapter = adapter
         self.run_id = run_id
         self.chat = chat
         self.tenant = tenant
+        self.principal = principal
+        self.on_settled = on_settled
         self.deadlines = deadlines or Deadlines()
         self.confirm_timeout = confirm_timeout
         self.started = time.monotonic() if started is None else started
@@ -115,6 +123,11 @@ class RunDriver:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopper)
             self.acct.settle(self.run_id, self.tenant, self.decision, self.terminal)
+            if self.on_settled is not None:
+                try:
+                    await self.on_settled(self)
+                except Exception as exc:  # the run is over either way; say what was lost
+                    log.error("run settlement failed", run_id=self.run_id, error=type(exc).__name__)
         return self.terminal
 
     # -- deciding --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -30,6 +30,11 @@ from gateway.runs.state import RunStatus
 from gateway.runs.store import RunRecord, RunStore, TerminalRecord
 
 log = structlog.get_logger("sluice.runs")
+
+
+def new_run_id() -> str:
+    """A run's id, which is also its completion id (`chatcmpl-…`)."""
+    return "chatcmpl-" + uuid.uuid4().hex
 
 
 class RunManager:
@@ -103,9 +108,11 @@ class RunManager:
         started: float | None = None,
         deadlines: Deadlines | None = None,
         run_id: str | None = None,
+        principal: str = "",
+        on_settled: Callable[[RunDriver], Awaitable[None]] | None = None,
     ) -> RunDriver:
         """Create a run and start driving it; the caller attaches to follow it."""
-        run_id = run_id or "chatcmpl-" + uuid.uuid4().hex
+        run_id = run_id or new_run_id()
         record = RunRecord(
             run_id, tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
@@ -120,6 +127,8 @@ class RunManager:
             metrics=self.metrics,
             started=started,
             confirm_timeout=self.confirm_timeout,
+            principal=principal,
+            on_settled=on_settled,
         )
         self.drivers[run_id] = driver
         driver.start().add_done_callback(lambda _: self._forget(run_id))

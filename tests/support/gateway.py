@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 from openai._streaming import SSEDecoder
 
 from gateway.app import create_app
+from gateway.keys import AUTH as AUTH_KEY
 from gateway.settings import Settings
+from policies.tenants import single_tenant
 
 API_KEY = "sk-sluice-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -15,6 +19,14 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 def gateway_app(adapters=None, **settings):
     settings.setdefault("api_key", [API_KEY])
     return create_app(Settings(**settings), adapters=adapters)
+
+
+def add_tenant(app, name: str, key: str) -> None:
+    """Give the app one more tenant (no limits) whose key is `key`."""
+    auth = app[AUTH_KEY]
+    config = auth.config
+    extra = single_tenant([key], name).tenants[name]
+    auth.reload(replace(config, tenants={**config.tenants, name: extra}))
 
 
 def chat_body(model: str = "scripted", **extra) -> dict:

@@ -153,7 +153,7 @@ async def test_models_health_and_auth(aiohttp_client):
 
 
 def test_the_app_refuses_to_run_without_a_key():
-    with pytest.raises(ValueError, match="no API key"):
+    with pytest.raises(ValueError, match="no credentials configured"):
         gateway_app(adapters=[], api_key=[])
 
 

@@ -13,9 +13,8 @@ from redis.asyncio import Redis
 
 from adapters.events import TextDelta
 from adapters.scripted import ScriptedAdapter, text_script
-from gateway.keys import AUTH as AUTH_KEY
 from gateway.keys import RUNS
-from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stream_text
+from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_events, stream_text
 
 PIECES = [f"{i}:é " for i in range(40)]
 OTHER_TENANT = {"Authorization": "Bearer sk-sluice-other-tenant"}
@@ -40,7 +39,7 @@ async def store_settings(request):
 async def make_client(aiohttp_client, store_settings, script=None, **settings):
     adapter = ScriptedAdapter("scripted", script or text_script(PIECES, delay=0.01))
     app = gateway_app(adapters=[adapter], **store_settings, **settings)
-    app[AUTH_KEY].add_key("sk-sluice-other-tenant", tenant="other")
+    add_tenant(app, "other", "sk-sluice-other-tenant")
     return adapter, await aiohttp_client(app)
 
 

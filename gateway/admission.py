@@ -1,0 +1,124 @@
+"""Admitting a chat request for its tenant: model access, the max_tokens cap and the quota, and
+settling what the run used once it is over (quota refund, one usage record)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from adapters.requests import ChatRequest
+from gateway.errors import APIError, invalid_request
+from gateway.keys import LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
+from gateway.ledger import UsageRecord
+from gateway.runs.driver import RunDriver
+from gateway.runs.state import PUBLIC_STATUS, RunStatus
+from policies.auth import Principal
+from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
+from policies.quotas import estimate_prompt_tokens as estimate
+from policies.tenants import Tenant, TenantLimits
+
+
+def quota_limits(limits: TenantLimits) -> QuotaLimits:
+    return QuotaLimits(
+        rpm=limits.rpm,
+        tpm=limits.tpm,
+        max_concurrent=limits.max_concurrent,
+        budget_tokens=limits.budget_tokens,
+        budget_period=limits.budget_period,
+    )
+
+
+def check_model(request: web.Request, tenant: Tenant, model: str) -> None:
+    if not tenant.allows_model(model):
+        request.app[METRICS].quota_rejections.labels("model").inc()
+        raise APIError(
+            403,
+            f"Your key has no access to model '{model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
+
+
+def cap_max_tokens(tenant: Tenant, chat: ChatRequest) -> None:
+    """The tenant's cap is the default when the request names none, and a limit when it does."""
+    cap = tenant.limits.max_tokens
+    if cap is None:
+        return
+    if chat.max_tokens is None:
+        chat.max_tokens = cap
+    elif chat.max_tokens > cap:
+        raise invalid_request(
+            "max_tokens",
+            f"max_tokens is {chat.max_tokens}, above your key's limit of {cap}.",
+            code="max_tokens_exceeded",
+        )
+
+
+def prompt_estimate(chat: ChatRequest) -> int:
+    return estimate([(m.role, m.content or "") for m in chat.messages])
+
+
+async def admit(
+    request: web.Request, tenant: Tenant, chat: ChatRequest, run_id: str
+) -> Admission | None:
+    """Reserve the run against the tenant's limits (None: the tenant has none); a 429 says
+    which limit refused it."""
+    limits = quota_limits(tenant.limits)
+    if limits == QuotaLimits():
+        return None
+    max_tokens = chat.max_tokens or request.app[SETTINGS].default_max_tokens
+    tokens = prompt_estimate(chat) + max_tokens * chat.n
+    try:
+        admission = await request.app[QUOTAS].admit(
+            QuotaRequest(tenant.name, run_id, tokens, limits)
+        )
+    except QuotaExceeded as exc:
+        request.app[METRICS].quota_rejections.labels(exc.limit).inc()
+        kind = "insufficient_quota" if exc.code == "insufficient_quota" else exc.limit
+        raise APIError(429, exc.message, type=kind, code=exc.code, headers=exc.headers) from None
+    request[RATE_HEADERS] = admission.headers
+    return admission
+
+
+def settlement(
+    app: web.Application, principal: Principal, admission: Admission | None, prompt_guess: int
+) -> Callable[[RunDriver], Awaitable[None]]:
+    """What runs once the run is over: refund the unused reservation, write its usage record."""
+
+    async def settle(driver: RunDriver) -> None:
+        acct = driver.acct
+        prompt = acct.usage.prompt_tokens if acct.usage else prompt_guess
+        if admission is not None:
+            await app[QUOTAS].release(admission, prompt + acct.generated_tokens)
+        terminal = driver.terminal
+        status = terminal.status if terminal else RunStatus.FAILED
+        now = time.monotonic()
+        await app[LEDGER].append(
+            UsageRecord(
+                run_id=driver.run_id,
+                tenant=driver.tenant,
+                principal=principal_label(principal),
+                model=driver.chat.model,
+                status=PUBLIC_STATUS[status],
+                finish_reason=terminal.finish_reason if terminal else None,
+                cancel_source=driver.cancel_source,
+                prompt_tokens=prompt if acct.usage else 0,
+                generated_tokens=acct.generated_tokens,
+                sent_tokens=acct.sent_tokens,
+                tail_tokens=acct.tail_tokens,
+                ttft_s=None if acct.first_token_at is None else acct.first_token_at - acct.started,
+                e2e_s=(acct.terminal_at or now) - acct.started,
+                ended_at=time.time(),
+            )
+        )
+
+    return settle
+
+
+def principal_label(principal: Principal) -> str:
+    """A key id (`key_…`) or a JWT subject (`jwt:<sub>`): who to bill inside the tenant."""
+    if principal.key_id == "jwt":
+        return f"jwt:{principal.subject or '?'}"
+    return principal.key_id
