@@ -15,8 +15,15 @@ per cell, as medians over the repeats:
 - chunks/s: content chunks received per second of wall time, all streams together;
 - CPU-ms per 1,000 content chunks of the relay process: utime+stime from /proc/<pid>/stat.
 
+With `--policies`, four more gateways run every cell with all tenant policies on (a tenants file
+with limits high enough never to refuse; quotas, an `Idempotency-Key` per request, the usage
+ledger): authenticated by API key or by an HS256 JWT, on the in-process store or on Redis
+(127.0.0.1:6379, a prefix of its own, removed afterwards). A second table gives what each adds
+over the policies-off gateway.
+
     .venv/bin/python bench/gateway_overhead.py            # full run, a few minutes
     .venv/bin/python bench/gateway_overhead.py --quick    # smoke run, under 30 s
+    .venv/bin/python bench/gateway_overhead.py --policies --delays 20 --concurrency 1,64
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-sluice-bench"
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 RELAYS = ("passthrough", "gateway")
+POLICY_RELAYS = ("memory+key", "memory+jwt", "redis+key", "redis+jwt")
+REDIS_URL = "redis://127.0.0.1:6379/0"
+JWT_SECRET = "sluice-bench-jwt-secret-of-at-least-32-bytes"
 # name: ((concurrency, delay ms), summary key, limit, "<=" or ">=")
 TARGETS = {
     "gateway added TTFT p99, 64 streams x 20 ms": ((64, 20.0), "gateway_added_p99_ms", 10, "<="),
@@ -147,8 +158,26 @@ class Bench:
             "gateway": [*serve, "--upstream", f"scripted={upstream_url}"],
         }
         names = RELAYS if args.baseline else ("gateway",)
+        self.headers = {name: {"Authorization": f"Bearer {API_KEY}"} for name in names}
+        if args.policies:
+            tenants = write_tenants_file(procs.logdir)
+            self.redis_prefix = f"sluice-bench-{uuid.uuid4().hex[:8]}:"
+            for name in POLICY_RELAYS:
+                ports[name] = free_port()
+                store = ["--redis-url", REDIS_URL, "--redis-prefix", self.redis_prefix]
+                commands[name] = [
+                    *serve[:-2],  # no --api-key: the tenants file holds the key
+                    "--tenants", str(tenants), "--upstream", f"scripted={upstream_url}",
+                    "--usage-file", str(procs.logdir / f"{name}-usage.jsonl"),
+                    *(store if name.startswith("redis") else []),
+                ]  # fmt: skip
+                token = jwt_token() if name.endswith("jwt") else API_KEY
+                self.headers[name] = {"Authorization": f"Bearer {token}"}
+            names = (*names, *POLICY_RELAYS)
+        env = {**os.environ, "SLUICE_BENCH_JWT_SECRET": JWT_SECRET}
         self.relays = {
-            name: procs.spawn(name, [*commands[name], "--port", str(ports[name])]) for name in names
+            name: procs.spawn(name, [*commands[name], "--port", str(ports[name])], env=env)
+            for name in names
         }
         self.loadgen = procs.spawn(
             "loadgen",
@@ -168,7 +197,8 @@ class Bench:
         """One closed-loop run: `requests` streams, `concurrency` at a time."""
         spec = {
             "url": self.urls[target],
-            "headers": {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+            "headers": {"Content-Type": "application/json", **self.headers.get(target, {})},
+            "idempotency": target in POLICY_RELAYS,
             "body": {
                 "model": "scripted",
                 "messages": [{"role": "user", "content": "Count."}],
@@ -244,7 +274,7 @@ def summarise(delay: float, concurrency: int, runs: list[dict]) -> dict:
         for q in ("p50", "p99"):
             row[f"{t}_{q}_ms"] = med(lambda r, t=t, q=q: r[t][f"ttft_{q}_ms"])
         row[f"{t}_chunks_s"] = med(lambda r, t=t: r[t]["chunks_s"])
-        if t in RELAYS:
+        if t != "direct":
             for q in ("p50", "p99"):
                 key = f"ttft_{q}_ms"
                 row[f"{t}_added_{q}_ms"] = med(lambda r, t=t, k=key: r[t][k] - r["direct"][k])
@@ -313,6 +343,69 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def policies_table(rows: list[dict]) -> str:
+    """What each policies-on gateway adds over the policies-off one, cell by cell."""
+    head = (
+        f"{'delay':>5} {'C':>3} {'policies on':<12} | added over gw: TTFT p50 {'p99':>7} | "
+        f"CPU-ms/1k {'gw':>6} {'this':>6} {'ratio':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for name in POLICY_RELAYS:
+            if f"{name}_cpu" not in r:
+                continue
+            p50 = r[f"{name}_added_p50_ms"] - r["gateway_added_p50_ms"]
+            p99 = r[f"{name}_added_p99_ms"] - r["gateway_added_p99_ms"]
+            gw, this = r["gateway_cpu"], r[f"{name}_cpu"]
+            lines.append(
+                f"{r['delay_ms']:>5g} {r['concurrency']:>3} {name:<12} | "
+                f"{p50:>+23.1f} {p99:>+7.1f} | {gw:>16.1f} {this:>6.1f} {this / gw:>6.2f}"
+            )
+    return "\n".join(lines)
+
+
+def write_tenants_file(folder: Path) -> Path:
+    """One tenant with every limit on, all far above what the benchmark asks for."""
+    from policies.auth import hash_key
+
+    path = folder / "tenants.toml"
+    path.write_text(
+        f"""[tenants.bench]
+rpm = 100000000
+tpm = 100000000000
+max_concurrent = 100000
+max_tokens = 4096
+budget_tokens = 100000000000000
+budget_period = "1d"
+models = ["*"]
+keys = ["{hash_key(API_KEY)}"]
+
+[jwt]
+algorithms = ["HS256"]
+hs256_secret_env = "SLUICE_BENCH_JWT_SECRET"
+tenant_claim = "tenant"
+"""
+    )
+    return path
+
+
+def jwt_token() -> str:
+    import jwt
+
+    claims = {"tenant": "bench", "sub": "bench-user", "exp": int(time.time()) + 86400}
+    return jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+
+
+def drop_redis_keys(prefix: str) -> None:
+    from redis import Redis
+
+    client = Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def numbers(kind):
         return lambda text: [kind(x) for x in text.split(",") if x]
@@ -328,6 +421,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="no pass-through")
     p.add_argument("--quick", action="store_true", help="one short repeat: a smoke test")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--policies", action="store_true", help="add the policies-on gateways")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.rounds, args.min_requests, args.min_seconds = 1, 1, 1, 0.3
@@ -350,10 +444,14 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         finally:
             procs.stop_all()
+            if args.policies and "bench" in locals():
+                drop_redis_keys(bench.redis_prefix)
     if args.json:
         print(json.dumps({"cells": rows, "targets": verdicts(rows)}, indent=2))
     else:
         print(table(rows, args))
+        if args.policies:
+            print("\n" + policies_table(rows))
     return 1 if any(r["failed"] for r in rows) else 0
 
 

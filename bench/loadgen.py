@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 import time
+import uuid
 
 import aiohttp
 
@@ -56,8 +57,11 @@ async def run_cell(session: aiohttp.ClientSession, cell: dict) -> dict:
         nonlocal left, frames
         while left > 0 or time.perf_counter() < until:
             left -= 1
+            sent_headers = headers
+            if cell.get("idempotency"):  # a fresh key per request: every one is a first attempt
+                sent_headers = {**headers, "Idempotency-Key": uuid.uuid4().hex}
             try:
-                first, got, status = await one_stream(session, url, headers, body)
+                first, got, status = await one_stream(session, url, sent_headers, body)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 errors.append(type(exc).__name__)
                 continue
