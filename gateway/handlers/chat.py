@@ -8,12 +8,15 @@ import asyncio
 import orjson
 from aiohttp import web
 
+from adapters.base import Adapter
+from adapters.requests import ChatRequest
 from gateway import idempotent
 from gateway.admission import admit, cap_max_tokens, check_model, prompt_estimate, settlement
 from gateway.errors import APIError, invalid_request, model_not_found
 from gateway.idempotent import idempotency_key
-from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, RUNS, SETTINGS, STARTED, TENANT
+from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, QUOTAS, RUNS, SETTINGS, STARTED, TENANT
 from gateway.protocol import parse_chat_request
+from gateway.runs.driver import RunDriver
 from gateway.runs.manager import new_run_id
 from gateway.streaming import respond_with_result, stream_run
 
@@ -40,7 +43,7 @@ async def read_json(request: web.Request) -> object:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     chat = parse_chat_request(body)
-    app, tenant, principal = request.app, request[TENANT], request[PRINCIPAL]
+    app, tenant = request.app, request[TENANT]
     adapter = app[CATALOG].lookup(chat.model)
     if adapter is None:
         request[MODEL_LABEL] = "unknown"
@@ -61,9 +64,31 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         replay = await idempotent.claim(request, tenant.name, key, body, run_id)
         if replay is not None:
             return await _answer(request, replay, chat.stream, idempotent.REPLAYED)
+    begin = asyncio.ensure_future(_admit_and_start(request, chat, adapter, run_id))
     try:
-        admission = await admit(request, tenant, chat, run_id)
-        await app[RUNS].start(
+        # NOTE: shielded: a client that goes away here (the handler is cancelled) must not strand
+        # an admission, which would hold a concurrency slot for the slot TTL and a reservation
+        # that is never refunded. The admission completes; its run is then cancelled, and
+        # settles (refund, usage record) like any other.
+        try:
+            await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            begin.add_done_callback(_cancel_orphan)
+            raise
+    except BaseException:
+        if key is not None:
+            await asyncio.shield(idempotent.release(request, tenant.name, key, run_id))
+        raise
+    return await _answer(request, run_id, chat.stream)
+
+
+async def _admit_and_start(
+    request: web.Request, chat: ChatRequest, adapter: Adapter, run_id: str
+) -> RunDriver:
+    app, tenant, principal = request.app, request[TENANT], request[PRINCIPAL]
+    admission = await admit(request, tenant, chat, run_id)
+    try:
+        return await app[RUNS].start(
             chat,
             adapter,
             tenant.name,
@@ -74,10 +99,15 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             on_settled=settlement(app, principal, admission, prompt_estimate(chat)),
         )
     except BaseException:
-        if key is not None:
-            await asyncio.shield(idempotent.release(request, tenant.name, key, run_id))
+        if admission is not None:  # no run will settle it
+            await app[QUOTAS].release(admission, 0)
         raise
-    return await _answer(request, run_id, chat.stream)
+
+
+def _cancel_orphan(begin: asyncio.Future[RunDriver]) -> None:
+    """The run of a request whose client left before following it: nobody will read it."""
+    if not begin.cancelled() and begin.exception() is None:
+        begin.result().cancel("disconnect")
 
 
 async def _answer(

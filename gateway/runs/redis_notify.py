@@ -18,6 +18,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 LINGER = 5.0  # seconds a channel stays subscribed with nobody watching
+_ENDED = float("inf")
 
 
 class Notifier:
@@ -29,6 +30,7 @@ class Notifier:
         self._starting: asyncio.Lock | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._idle_since: dict[str, float] = {}
+        self._latest: dict[str, float] = {}  # per run channel: the last seq known ("end": inf)
         self._cancels: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
     async def _start(self) -> PubSub:
@@ -61,6 +63,20 @@ class Notifier:
             if not waiters:
                 self._idle_since[channel] = time.monotonic()
 
+    def latest(self, channel: str) -> float | None:
+        """The newest event seq of a subscribed run channel known here (inf once it ended),
+        or None when nothing has been learnt since the channel was subscribed."""
+        return self._latest.get(channel)
+
+    def note(self, channel: str, seq: float) -> float:
+        """Record what a read of the run's record showed; returns the newest known."""
+        latest = max(seq, self._latest.get(channel, 0))
+        self._latest[channel] = latest
+        return latest
+
+    def forget(self, channel: str) -> None:
+        self._latest.pop(channel, None)
+
     async def cancels(self) -> AsyncIterator[tuple[str, str]]:
         """(run id, source) for every cancel published by any replica."""
         await self._start()
@@ -92,6 +108,9 @@ class Notifier:
             run_id, _, source = data.decode().partition(" ")
             self._cancels.put_nowait((run_id, source or "client"))
             return
+        if channel in self._waiters:
+            seq = _ENDED if data == b"end" else float(data)
+            self._latest[channel] = max(seq, self._latest.get(channel, 0))
         for changed in self._waiters.get(channel, ()):
             changed.set()
 
@@ -102,4 +121,5 @@ class Notifier:
             del self._idle_since[channel]
             if not self._waiters.get(channel):
                 self._waiters.pop(channel, None)
+                self._latest.pop(channel, None)
                 await pubsub.unsubscribe(channel)

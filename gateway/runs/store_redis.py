@@ -10,7 +10,6 @@ seconds; a log keeps at most `max_events` entries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
@@ -30,6 +29,7 @@ from gateway.runs.store import (
 
 TERMINAL = int(RunStatus.COMPLETED)
 _POLL = 0.5  # seconds between re-reads while waiting (a missed publish costs at most this)
+_ENDED = float("inf")  # a finished run: every `after` is behind it
 
 # KEYS: run hash, events stream, notify channel; ARGV: max_events, payload...
 _APPEND = """
@@ -176,33 +176,44 @@ class RedisRunStore:
 
     async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
         key, events, _ = self._keys(run_id)
-        last = await self.redis.hget(key, "last_seq")
-        if last is None:
-            raise UnknownRun(run_id)
-        if after >= int(last):
-            return []
-        entries = await self.redis.xrange(
-            events, min=f"{after + 1}-0", max="+", count=limit if limit > 0 else None
-        )
+        count = limit if limit > 0 else None
+        entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
+        if not entries:
+            # NOTE: nothing after `after`: caught up, or trimmed away. The record tells; an
+            # append landing in between shows up on a second look at the stream.
+            last = await self.redis.hget(key, "last_seq")
+            if last is None:
+                raise UnknownRun(run_id)
+            if after >= int(last):
+                return []
+            entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
         if not entries or int(entries[0][0].split(b"-")[0]) != after + 1:
             raise ResumeWindowExpired(run_id)
         return [(int(eid.split(b"-")[0]), fields[b"d"]) for eid, fields in entries]
 
     async def wait(self, run_id: str, after: int) -> None:
         key, _, channel = self._keys(run_id)
-        async with self.notifier.watching(channel) as changed:
+        notifier = self.notifier
+        async with notifier.watching(channel) as changed:
             while True:
                 changed.clear()
-                last_seq, status = await self.redis.hmget(key, ["last_seq", "status"])
-                if last_seq is None:
-                    raise UnknownRun(run_id)
-                if int(last_seq) > after or int(status) >= TERMINAL:
+                latest = notifier.latest(channel)
+                if latest is None:  # not known since the channel was subscribed: ask once
+                    last_seq, status = await self.redis.hmget(key, ["last_seq", "status"])
+                    if last_seq is None:
+                        raise UnknownRun(run_id)
+                    latest = notifier.note(
+                        channel, _ENDED if int(status) >= TERMINAL else int(last_seq)
+                    )
+                if latest > after:
                     return
-                # NOTE: the subscription may land after a publish that this re-read missed;
-                # the short poll bounds that rare wait.
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(_POLL):
                         await changed.wait()
+                except TimeoutError:
+                    # NOTE: the subscription may have landed after a publish that the first
+                    # look missed; after a quiet poll interval, look at the record again.
+                    notifier.forget(channel)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
         key = self._keys(run_id)[0]
