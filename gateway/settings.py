@@ -28,6 +28,7 @@ class Settings:
     tenants: str | None = None
     redis_url: str | None = None
     redis_prefix: str = "sluice:"
+    redis_max_connections: int = 256
     disconnect_grace: float = 10.0
     # deadlines in seconds, 0 = none; each one that fires is its own terminal cause
     queue_timeout: float = 120.0

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from gateway.keys import IDEMPOTENCY, LEDGER, METRICS, QUOTAS, RUNS, SETTINGS
 from gateway.ledger import JsonlLedger, RedisLedger, default_usage_file
 from gateway.runs.manager import RunManager
 from gateway.runs.store_memory import MemoryRunStore
+from gateway.runs.store_mirrored import MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
 from policies.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
 from policies.quotas import MemoryQuotaStore
@@ -24,11 +25,18 @@ from policies.quotas_redis import RedisQuotaStore
 
 async def shared_state(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    redis = None
+    if settings.redis_url:
+        # NOTE: a blocking pool: under a burst, a command waits for a free connection instead
+        # of failing (the default pool raises past its size).
+        pool = BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
+        )
+        redis = Redis(connection_pool=pool)
     if redis is not None:
         prefix = settings.redis_prefix
-        store: MemoryRunStore | RedisRunStore = RedisRunStore(
-            redis, prefix, settings.run_max_events, settings.run_retention
+        store: MemoryRunStore | MirroredRunStore = MirroredRunStore(
+            RedisRunStore(redis, prefix, settings.run_max_events, settings.run_retention)
         )
         app[QUOTAS] = RedisQuotaStore(redis, prefix)
         app[IDEMPOTENCY] = RedisIdempotencyStore(redis, prefix)
@@ -52,7 +60,7 @@ async def shared_state(app: web.Application) -> AsyncIterator[None]:
     finally:
         await runs.close()  # runs settle into the ledger and quotas: those close after
         await app[LEDGER].close()
-        if isinstance(store, RedisRunStore):
+        if isinstance(store, MirroredRunStore):
             await store.close()
         if redis is not None:
             await redis.aclose()

@@ -116,6 +116,12 @@ class RunDriver:
                 )
                 self._decide(status, f"upstream:{type(exc).__name__}")
                 await self._end(exc)
+        except Exception as exc:  # the edge of the run's task: the store itself failed
+            log.error("run failed in the gateway", run_id=self.run_id, error=type(exc).__name__)
+            if self.decision is None:
+                self._decide(RunStatus.FAILED, "gateway_error")
+            with contextlib.suppress(Exception):
+                await self._end()
         finally:
             if self._watchdog is not None:
                 self._watchdog.cancel()

@@ -116,6 +116,18 @@ class MemoryRunStore:
         entry = self._entry(run_id)
         while not (entry.record.last_seq > after or entry.record.status.is_terminal):
             await entry.changed.wait()
+            if self._runs.get(run_id) is not entry:
+                raise UnknownRun(run_id)  # discarded while waiting
+
+    def has(self, run_id: str) -> bool:
+        return run_id in self._runs
+
+    def discard(self, run_id: str) -> None:
+        """Forget a run now; its waiters wake and find it unknown."""
+        entry = self._runs.pop(run_id, None)
+        self._ended.pop(run_id, None)
+        if entry is not None:
+            self._notify(entry)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
         entry = self._entry(run_id)

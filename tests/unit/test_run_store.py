@@ -19,12 +19,13 @@ from gateway.runs.store import (
     UnknownRun,
 )
 from gateway.runs.store_memory import MemoryRunStore
+from gateway.runs.store_mirrored import MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "mirrored"])
 async def store(request):
     if request.param == "memory":
         yield MemoryRunStore(max_events=5)
@@ -32,6 +33,8 @@ async def store(request):
     client = Redis.from_url(REDIS_URL)
     prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
     store = RedisRunStore(client, prefix=prefix, max_events=5)
+    if request.param == "mirrored":
+        store = MirroredRunStore(store)
     yield store
     await store.close()
     keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
@@ -143,3 +146,28 @@ def test_terminal_record_needs_a_terminal_status():
     with pytest.raises(ValueError):
         TerminalRecord(RunStatus.DECODING, "x")
     assert RunStatus.COMPLETED.is_terminal and not RunStatus.FINALIZING.is_terminal
+
+
+async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner():
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    owner = MirroredRunStore(RedisRunStore(client, prefix=prefix, max_events=50))
+    other = RedisRunStore(client, prefix=prefix, max_events=50)
+    try:
+        run = await new_run(owner)
+        await owner.append(run, [b"a"])
+        waiter = asyncio.create_task(owner.wait(run, 1))
+        await asyncio.sleep(0.01)
+        lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
+        assert await other.finish(run, lost, b"lost-frame")  # it took the owner for dead
+        with pytest.raises(LogClosed):
+            await owner.append(run, [b"late"])  # the owner learns it on its next write
+        await asyncio.wait_for(waiter, 2)
+        assert await owner.read(run, 1) == [(2, b"lost-frame")]  # now from Redis
+        assert (await owner.get(run)).terminal == lost
+    finally:
+        await owner.close()
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()

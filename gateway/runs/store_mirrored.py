@@ -1,0 +1,101 @@
+"""The Redis run store with a local mirror of the runs this replica drives.
+
+Every event of a run is written to Redis (other replicas resume and watch from there), and the
+owner keeps the same events in process memory as well, so its own followers — nearly all of
+them: a stream is usually read where it was started — read and wake without a round trip. A
+follower on another replica, or of a run this replica does not drive, reads Redis.
+
+The mirror holds the same seq numbers as Redis because the owner is the only writer of its runs'
+logs. The exception is another replica ending a run whose owner it took for dead: the owner
+learns it when its next write is refused, and then drops its mirror of that run, so its
+followers go to Redis for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from gateway.runs.state import RunStatus
+from gateway.runs.store import LogClosed, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store_memory import MemoryRunStore
+from gateway.runs.store_redis import RedisRunStore
+
+MIRROR_RETENTION = 30.0  # seconds an ended run stays mirrored (later resumes read Redis)
+
+
+class MirroredRunStore:
+    def __init__(self, shared: RedisRunStore) -> None:
+        self.shared = shared
+        self.local = MemoryRunStore(shared.max_events, retention=MIRROR_RETENTION)
+
+    async def close(self) -> None:
+        await self.shared.close()
+
+    async def create(self, record: RunRecord) -> None:
+        await self.shared.create(record)
+        await self.local.create(RunRecord(**{f: getattr(record, f) for f in _FIELDS}))
+
+    async def get(self, run_id: str) -> RunRecord:
+        return await self.shared.get(run_id)  # the truth, for status and the owner lease
+
+    async def advance(self, run_id: str, status: RunStatus) -> bool:
+        moved = await self.shared.advance(run_id, status)
+        if moved and self.local.has(run_id):
+            await self.local.advance(run_id, status)
+        return moved
+
+    async def finish(
+        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+    ) -> bool:
+        won = await self.shared.finish(run_id, terminal, final)
+        if not self.local.has(run_id):
+            return won
+        if won:
+            await self.local.finish(run_id, terminal, final)
+        else:
+            self.local.discard(run_id)  # ended elsewhere: the mirror lacks that ending
+        return won
+
+    async def append(self, run_id: str, payloads: list[bytes]) -> int:
+        try:
+            seq = await self.shared.append(run_id, payloads)
+        except LogClosed:
+            self.local.discard(run_id)
+            raise
+        if self.local.has(run_id):
+            await self.local.append(run_id, payloads)
+        return seq
+
+    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+        if self.local.has(run_id):
+            return await self.local.read(run_id, after, limit)
+        return await self.shared.read(run_id, after, limit)
+
+    async def wait(self, run_id: str, after: int) -> None:
+        if self.local.has(run_id):
+            try:
+                await self.local.wait(run_id, after)
+            except UnknownRun:
+                pass  # dropped while waiting: fall through to Redis
+            else:
+                if self.local.has(run_id):
+                    return
+        await self.shared.wait(run_id, after)
+
+    async def add_follower(self, run_id: str, delta: int) -> int:
+        return await self.shared.add_follower(run_id, delta)
+
+    async def signal_cancel(self, run_id: str, source: str) -> None:
+        await self.shared.signal_cancel(run_id, source)
+
+    def cancel_signals(self) -> AsyncIterator[tuple[str, str]]:
+        return self.shared.cancel_signals()
+
+    async def keep_alive(self, owner: str, ttl: float) -> None:
+        await self.shared.keep_alive(owner, ttl)
+
+    async def owner_alive(self, owner: str) -> bool:
+        return await self.shared.owner_alive(owner)
+
+
+_FIELDS = ("run_id", "tenant", "model", "created", "stream", "status", "owner", "meta")
