@@ -11,7 +11,14 @@ from aiohttp import web
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
 from gateway import idempotent
-from gateway.admission import admit, cap_max_tokens, check_model, prompt_estimate, settlement
+from gateway.admission import (
+    admit,
+    cap_max_tokens,
+    check_model,
+    principal_label,
+    prompt_estimate,
+    settlement,
+)
 from gateway.errors import APIError, invalid_request, model_not_found
 from gateway.idempotent import idempotency_key
 from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, QUOTAS, RUNS, SETTINGS, STARTED, TENANT
@@ -95,7 +102,7 @@ async def _admit_and_start(
             started=request[STARTED],
             deadlines=app[SETTINGS].deadlines(tenant.deadlines),
             run_id=run_id,
-            principal=principal.key_id,
+            principal=principal_label(principal),
             on_settled=settlement(app, principal, admission, prompt_estimate(chat)),
         )
     except BaseException:

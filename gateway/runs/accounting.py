@@ -115,6 +115,7 @@ class RunAccounting:
         tenant: str,
         decision: Decision | None,
         terminal: TerminalRecord | None,
+        principal: str = "",
     ) -> None:
         """Record the run's end, once, after the upstream is done with it."""
         m = self.metrics
@@ -144,6 +145,7 @@ class RunAccounting:
             "run end",
             run_id=run_id,
             tenant=tenant,
+            principal=principal,
             model=self.model,
             status=PUBLIC_STATUS[status],
             cause=terminal.cause if terminal else None,

@@ -128,7 +128,7 @@ class RunDriver:
             if self._stopper is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopper)
-            self.acct.settle(self.run_id, self.tenant, self.decision, self.terminal)
+            self.acct.settle(self.run_id, self.tenant, self.decision, self.terminal, self.principal)
             if self.on_settled is not None:
                 try:
                     await self.on_settled(self)
