@@ -156,3 +156,30 @@ class CompletionBuilder:
             "choices": choices,
             "usage": usage_dict(usage),
         }
+
+
+def completion_chunks(completion: dict[str, Any], include_usage: bool = False) -> list[bytes]:
+    """A finished `chat.completion` as the chunks of a stream, for replaying a run whose own
+    events are no longer kept: per choice its role, all its content (and tool calls), its
+    finish; then the usage chunk when asked for."""
+    renderer = ChunkRenderer(completion["id"], completion["model"], completion["created"])
+    chunks: list[bytes] = []
+    for choice in completion["choices"]:
+        i, message = choice["index"], choice["message"]
+        chunks.append(renderer.role(i))
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        events: list[Event] = []
+        if message.get("content"):
+            events.append(TextDelta(message["content"], i, logprobs=logprobs))
+        for k, call in enumerate(message.get("tool_calls") or []):
+            function = call["function"]
+            events.append(
+                ToolCallDelta(k, function["arguments"], call["id"], function["name"], index=i)
+            )
+        if choice.get("finish_reason"):
+            events.append(Finish(choice["finish_reason"], i))
+        chunks += [c for e in events if (c := renderer.render(e)) is not None]
+    usage = completion.get("usage")
+    if include_usage and usage:
+        chunks.append(renderer.usage(Usage(usage["prompt_tokens"], usage["completion_tokens"])))
+    return chunks

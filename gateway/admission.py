@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from adapters.requests import ChatRequest
+from gateway import idempotent
 from gateway.errors import APIError, invalid_request
 from gateway.keys import LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
 from gateway.ledger import UsageRecord
@@ -83,11 +84,20 @@ async def admit(
 
 
 def settlement(
-    app: web.Application, principal: Principal, admission: Admission | None, prompt_guess: int
+    app: web.Application,
+    principal: Principal,
+    admission: Admission | None,
+    prompt_guess: int,
+    idempotency_key: str | None = None,
 ) -> Callable[[RunDriver], Awaitable[None]]:
-    """What runs once the run is over: refund the unused reservation, write its usage record."""
+    """What runs once the run is over: refund the unused reservation, write its usage record,
+    keep its ending with its Idempotency-Key."""
 
     async def settle(driver: RunDriver) -> None:
+        if idempotency_key is not None and driver.terminal is not None:
+            await idempotent.remember(
+                app, driver.tenant, idempotency_key, driver.run_id, driver.terminal
+            )
         acct = driver.acct
         prompt = acct.usage.prompt_tokens if acct.usage else prompt_guess
         if admission is not None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from gateway.errors import APIError, invalid_request
 from gateway.keys import IDEMPOTENCY, METRICS, RUNS, SETTINGS
-from gateway.runs.store import UnknownRun
+from gateway.runs.store import TerminalRecord, UnknownRun, terminal_from_json, terminal_to_json
 from policies.idempotency import body_fingerprint, validate_key
 
 HEADER = "Idempotency-Key"
@@ -33,11 +34,19 @@ def idempotency_key(request: web.Request) -> str | None:
         raise invalid_request(HEADER, f"{HEADER}: {exc}", code="invalid_idempotency_key") from None
 
 
+@dataclass(slots=True, frozen=True)
+class Replay:
+    """The run a repeated request gets; `answer` when the run itself is no longer kept."""
+
+    run_id: str
+    answer: TerminalRecord | None = None
+
+
 async def claim(
     request: web.Request, tenant: str, key: str, body: object, run_id: str
-) -> str | None:
-    """None when this request holds the key (it starts `run_id`); otherwise the id of the run
-    to replay. Raises the 422 for a key reused with another body."""
+) -> Replay | None:
+    """None when this request holds the key (it starts `run_id`); otherwise what to replay.
+    Raises the 422 for a key reused with another body."""
     store, runs = request.app[IDEMPOTENCY], request.app[RUNS]
     fingerprint = body_fingerprint(body)
     ttl = request.app[SETTINGS].idempotency_ttl
@@ -54,15 +63,26 @@ async def claim(
                 param=HEADER,
                 code="idempotency_key_reused",
             )
+        answer = None
         try:
             await runs.get(held.run_id)
         except UnknownRun:
-            if loop.time() > deadline or time.time() - held.created > _WAIT_FOR_RUN:
+            if held.answer is not None:  # ended and gone: answer as it answered
+                answer = terminal_from_json(held.answer)
+            elif loop.time() > deadline or time.time() - held.created > _WAIT_FOR_RUN:
                 raise _gone(held.run_id) from None
-            await asyncio.sleep(0.02)  # being created, or its first attempt failed: claim again
-            continue
+            else:
+                await asyncio.sleep(0.02)  # being created, or its first try failed: claim again
+                continue
         request.app[METRICS].idempotent_replays.inc()
-        return held.run_id
+        return Replay(held.run_id, answer)
+
+
+async def remember(
+    app: web.Application, tenant: str, key: str, run_id: str, record: TerminalRecord
+) -> None:
+    """Settlement: keep the run's ending with its key, for repeats after the run is gone."""
+    await app[IDEMPOTENCY].remember(tenant, key, run_id, terminal_to_json(record))
 
 
 async def release(request: web.Request, tenant: str, key: str, run_id: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import orjson
 from aiohttp import web
 
+from adapters.to_openai import completion_chunks
 from gateway.backpressure import coalesce
 from gateway.errors import APIError
 from gateway.keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
@@ -173,3 +174,28 @@ async def respond_with_result(
     error = terminal_error(terminal)
     error.headers.update(headers or {})
     raise error
+
+
+async def respond_with_ending(
+    request: web.Request,
+    terminal: TerminalRecord,
+    stream: bool,
+    include_usage: bool,
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """Answer from a run's saved ending once the run itself is no longer kept: the same object,
+    or a stream rebuilt from it (the same content, in fewer chunks)."""
+    completed = terminal.status is RunStatus.COMPLETED and terminal.completion is not None
+    if terminal.http_status is not None or (not stream and not completed):
+        error = terminal_error(terminal)
+        error.headers.update(headers or {})
+        raise error
+    if not stream:
+        body = orjson.dumps(terminal.completion)
+        return web.Response(body=body, content_type="application/json", headers=headers)
+    payloads = completion_chunks(terminal.completion, include_usage) if terminal.completion else []
+    if terminal.error is not None:
+        payloads.append(orjson.dumps({"error": terminal.error}))
+    writer = await SSEWriter.open(request, 0, headers, first=list(enumerate(payloads, 1)))
+    await writer.close()
+    return writer.response

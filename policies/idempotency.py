@@ -47,6 +47,7 @@ class Claim:
     fingerprint: str
     created: float
     fresh: bool  # True: this call created it; False: it already existed
+    answer: dict | None = None  # the run's final object, once remembered (it outlives the run)
 
 
 class IdempotencyStore(Protocol):
@@ -59,6 +60,11 @@ class IdempotencyStore(Protocol):
 
     async def release(self, tenant: str, key: str, run_id: str) -> None:
         """Forget the claim, only if it still maps to `run_id`."""
+        ...
+
+    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
+        """Keep the run's final object with its claim (same expiry), if it still maps to
+        `run_id`: repeats after the run itself is gone are answered from it."""
         ...
 
 
@@ -106,7 +112,7 @@ class MemoryIdempotencyStore:
         entry = self._entries.get(scope)
         if entry is not None and entry.expires > now:
             c = entry.claim
-            return Claim(c.run_id, c.fingerprint, c.created, fresh=False)
+            return Claim(c.run_id, c.fingerprint, c.created, fresh=False, answer=c.answer)
         claim = Claim(run_id, fingerprint, now, fresh=True)
         self._entries[scope] = _Entry(claim, now + ttl)
         heapq.heappush(self._expiry, (now + ttl, scope))
@@ -116,6 +122,12 @@ class MemoryIdempotencyStore:
         entry = self._entries.get((tenant, key))
         if entry is not None and entry.claim.run_id == run_id:
             del self._entries[(tenant, key)]
+
+    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
+        entry = self._entries.get((tenant, key))
+        if entry is not None and entry.claim.run_id == run_id:
+            c = entry.claim
+            entry.claim = Claim(c.run_id, c.fingerprint, c.created, c.fresh, answer)
 
 
 # KEYS: claim key; ARGV: claim json, ttl ms. Returns {1, json} when stored, {0, stored json}.
@@ -136,6 +148,19 @@ return 0
 """
 
 
+# KEYS: claim key; ARGV: run id, answer json. Keeps the claim's expiry. The answer stays a JSON
+# string inside the claim: cjson would turn its empty lists into objects.
+_REMEMBER = """
+local stored = redis.call('GET', KEYS[1])
+if not stored then return 0 end
+local claim = cjson.decode(stored)
+if claim['run_id'] ~= ARGV[1] then return 0 end
+claim['answer'] = ARGV[2]
+redis.call('SET', KEYS[1], cjson.encode(claim), 'KEEPTTL')
+return 1
+"""
+
+
 class RedisIdempotencyStore:
     """Claims shared by replicas: a JSON value per (tenant, key) with a PX expiry.
 
@@ -148,6 +173,7 @@ class RedisIdempotencyStore:
         self.prefix = prefix
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
+        self._remember = redis.register_script(_REMEMBER)
 
     def _key(self, tenant: str, key: str) -> str:
         # NOTE: the client's key is hashed: Redis keys stay short and free of user text, and the
@@ -163,7 +189,11 @@ class RedisIdempotencyStore:
             keys=[self._key(tenant, key)], args=[value, max(1, round(ttl * 1000))]
         )
         d = orjson.loads(stored)
-        return Claim(d["run_id"], d["fingerprint"], d["created"], fresh=fresh == 1)
+        answer = orjson.loads(d["answer"]) if "answer" in d else None
+        return Claim(d["run_id"], d["fingerprint"], d["created"], fresh=fresh == 1, answer=answer)
 
     async def release(self, tenant: str, key: str, run_id: str) -> None:
         await self._release(keys=[self._key(tenant, key)], args=[run_id])
+
+    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
+        await self._remember(keys=[self._key(tenant, key)], args=[run_id, orjson.dumps(answer)])

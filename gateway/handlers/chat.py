@@ -25,7 +25,7 @@ from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, QUOTAS, RUNS, SETTINGS
 from gateway.protocol import parse_chat_request
 from gateway.runs.driver import RunDriver
 from gateway.runs.manager import new_run_id
-from gateway.streaming import respond_with_result, stream_run
+from gateway.streaming import respond_with_ending, respond_with_result, stream_run
 
 
 async def read_json(request: web.Request) -> object:
@@ -69,9 +69,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     key = idempotency_key(request)
     if key is not None:
         replay = await idempotent.claim(request, tenant.name, key, body, run_id)
+        if replay is not None and replay.answer is not None:
+            return await respond_with_ending(
+                request, replay.answer, chat.stream, chat.include_usage, idempotent.REPLAYED
+            )
         if replay is not None:
-            return await _answer(request, replay, chat.stream, idempotent.REPLAYED)
-    begin = asyncio.ensure_future(_admit_and_start(request, chat, adapter, run_id))
+            return await _answer(request, replay.run_id, chat.stream, idempotent.REPLAYED)
+    begin = asyncio.ensure_future(_admit_and_start(request, chat, adapter, run_id, key))
     try:
         # NOTE: shielded: a client that goes away here (the handler is cancelled) must not strand
         # an admission, which would hold a concurrency slot for the slot TTL and a reservation
@@ -90,7 +94,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def _admit_and_start(
-    request: web.Request, chat: ChatRequest, adapter: Adapter, run_id: str
+    request: web.Request, chat: ChatRequest, adapter: Adapter, run_id: str, key: str | None
 ) -> RunDriver:
     app, tenant, principal = request.app, request[TENANT], request[PRINCIPAL]
     admission = await admit(request, tenant, chat, run_id)
@@ -103,7 +107,7 @@ async def _admit_and_start(
             deadlines=app[SETTINGS].deadlines(tenant.deadlines),
             run_id=run_id,
             principal=principal_label(principal),
-            on_settled=settlement(app, principal, admission, prompt_estimate(chat)),
+            on_settled=settlement(app, principal, admission, prompt_estimate(chat), key),
         )
     except BaseException:
         if admission is not None:  # no run will settle it

@@ -7,7 +7,7 @@ a Redis backend. The store owns run state; the run driver and the HTTP handlers 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from gateway.runs.state import RunStatus
@@ -44,6 +44,14 @@ class TerminalRecord:
     def __post_init__(self) -> None:
         if not self.status.is_terminal:
             raise ValueError(f"{self.status.name} is not a terminal status")
+
+
+def terminal_to_json(record: TerminalRecord) -> dict[str, Any]:
+    return asdict(record) | {"status": int(record.status)}
+
+
+def terminal_from_json(data: dict[str, Any]) -> TerminalRecord:
+    return TerminalRecord(**(data | {"status": RunStatus(data["status"])}))
 
 
 @dataclass(slots=True)

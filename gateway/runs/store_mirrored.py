@@ -26,7 +26,8 @@ MIRROR_RETENTION = 30.0  # seconds an ended run stays mirrored (later resumes re
 class MirroredRunStore:
     def __init__(self, shared: RedisRunStore) -> None:
         self.shared = shared
-        self.local = MemoryRunStore(shared.max_events, retention=MIRROR_RETENTION)
+        retention = min(MIRROR_RETENTION, shared.retention)
+        self.local = MemoryRunStore(shared.max_events, retention=retention)
 
     async def close(self) -> None:
         await self.shared.close()
@@ -36,6 +37,10 @@ class MirroredRunStore:
         await self.local.create(RunRecord(**{f: getattr(record, f) for f in _FIELDS}))
 
     async def get(self, run_id: str) -> RunRecord:
+        if self.local.has(run_id):
+            record = await self.local.get(run_id)
+            if record.status.is_terminal:  # a terminal record never changes: no trip to Redis
+                return record
         return await self.shared.get(run_id)  # the truth, for status and the owner lease
 
     async def advance(self, run_id: str, status: RunStatus) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -25,6 +24,8 @@ from gateway.runs.store import (
     RunRecord,
     TerminalRecord,
     UnknownRun,
+    terminal_from_json,
+    terminal_to_json,
 )
 
 TERMINAL = int(RunStatus.COMPLETED)
@@ -47,7 +48,7 @@ return seq
 """.replace("TERMINAL", str(TERMINAL))
 
 # KEYS: run hash, events stream, notify channel
-# ARGV: status, terminal json, retention seconds, max_events[, final payload]
+# ARGV: status, terminal json, retention ms, max_events[, final payload]
 _FINISH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
@@ -58,8 +59,8 @@ if #ARGV >= 5 then
   redis.call('HSET', KEYS[1], 'last_seq', seq)
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'terminal', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PUBLISH', KEYS[3], 'end')
 return 1
 """.replace("TERMINAL", str(TERMINAL))
@@ -77,12 +78,11 @@ return 1
 
 
 def _terminal_json(t: TerminalRecord) -> bytes:
-    return orjson.dumps(asdict(t) | {"status": int(t.status)})
+    return orjson.dumps(terminal_to_json(t))
 
 
 def _terminal_from(raw: bytes) -> TerminalRecord:
-    d = orjson.loads(raw)
-    return TerminalRecord(**(d | {"status": RunStatus(d["status"])}))
+    return terminal_from_json(orjson.loads(raw))
 
 
 class RedisRunStore:
@@ -97,7 +97,7 @@ class RedisRunStore:
         self.redis = redis
         self.prefix = prefix
         self.max_events = max_events
-        self.retention = int(retention)
+        self.retention = retention
         self.live_ttl = int(live_ttl)
         self._append = redis.register_script(_APPEND)
         self._finish = redis.register_script(_FINISH)
@@ -158,7 +158,8 @@ class RedisRunStore:
     async def finish(
         self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
     ) -> bool:
-        args = [int(terminal.status), _terminal_json(terminal), self.retention, self.max_events]
+        retention_ms = max(1, round(self.retention * 1000))
+        args = [int(terminal.status), _terminal_json(terminal), retention_ms, self.max_events]
         if final is not None:
             args.append(final)
         result = await self._finish(keys=self._keys(run_id), args=args)
