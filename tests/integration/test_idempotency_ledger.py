@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from contextlib import aclosing
 from pathlib import Path
 
@@ -28,21 +27,6 @@ REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PIECES = [f"{i}:é " for i in range(12)]
 LONG = [f"w{i} " for i in range(80)]
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store_settings(request):
-    """Settings that pick the shared state; Redis keys get a prefix of their own, removed after."""
-    if request.param == "memory":
-        yield {}
-        return
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
-    client = Redis.from_url(REDIS_URL)
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 class Tenants:

@@ -12,7 +12,6 @@ import math
 import os
 import random
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import aiohttp
 import pytest
 import tomlkit
 from prometheus_client.parser import text_string_to_metric_families
-from redis.asyncio import Redis
 
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest
@@ -50,21 +48,6 @@ RATE_HEADERS = (
 # -- fixtures and helpers --------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request):
-    """Settings that pick the state store; Redis keys get a prefix of their own, removed after."""
-    if request.param == "memory":
-        yield {}
-        return
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
-    client = Redis.from_url(REDIS_URL)
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
-
-
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     log_dir = tmp_path_factory.mktemp("tenant-limits-worker")
@@ -85,8 +68,10 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def gateway(aiohttp_client, store: dict, path: Path, adapters: list, **settings):
-    app = gateway_app(adapters=adapters, tenants=str(path), api_key=[], **store, **settings)
+async def gateway(aiohttp_client, store_settings: dict, path: Path, adapters: list, **settings):
+    app = gateway_app(
+        adapters=adapters, tenants=str(path), api_key=[], **store_settings, **settings
+    )
     return await aiohttp_client(app)
 
 
@@ -159,12 +144,14 @@ async def _worker_stats(worker: Worker, session: aiohttp.ClientSession) -> dict:
         return await resp.json()
 
 
-async def test_max_concurrent_caps_what_the_worker_holds(aiohttp_client, store, worker, tmp_path):
+async def test_max_concurrent_caps_what_the_worker_holds(
+    aiohttp_client, store_settings, worker, tmp_path
+):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{worker.url}/v1/model") as resp:
             model = (await resp.json())["id"]
         path, auth = write_tenants(tmp_path, max_concurrent=4, rpm=1000, tpm=1_000_000)
-        client = await gateway(aiohttp_client, store, path, [WorkerAdapter(worker.url)])
+        client = await gateway(aiohttp_client, store_settings, path, [WorkerAdapter(worker.url)])
         peak, polls, stop = 0, 0, asyncio.Event()
 
         async def watch() -> None:
@@ -218,11 +205,11 @@ async def test_max_concurrent_caps_what_the_worker_holds(aiohttp_client, store, 
 # -- 2. rpm and tpm, exact across replicas ---------------------------------------------------------
 
 
-async def replicas(aiohttp_client, store, path, script) -> list:
+async def replicas(aiohttp_client, store_settings, path, script) -> list:
     """Two replicas sharing Redis; on the in-process store (one replica by design), one."""
-    count = 2 if store else 1
+    count = 2 if store_settings else 1
     return [
-        await gateway(aiohttp_client, store, path, [ScriptedAdapter("scripted", script)])
+        await gateway(aiohttp_client, store_settings, path, [ScriptedAdapter("scripted", script)])
         for _ in range(count)
     ]
 
@@ -242,9 +229,9 @@ async def total_rejections(clients: list) -> dict[str, float]:
     return total
 
 
-async def test_rpm_is_exact_across_replicas(aiohttp_client, store, tmp_path):
+async def test_rpm_is_exact_across_replicas(aiohttp_client, store_settings, tmp_path):
     path, auth = write_tenants(tmp_path, rpm=10)
-    clients = await replicas(aiohttp_client, store, path, short_script)
+    clients = await replicas(aiohttp_client, store_settings, path, short_script)
     answers = await fire(clients, auth, 30, max_tokens=8)
     ok = [r for r in answers if r.status == 200]
     assert len(ok) == 10
@@ -260,12 +247,12 @@ async def test_rpm_is_exact_across_replicas(aiohttp_client, store, tmp_path):
     assert await total_rejections(clients) == {"requests": 20}
 
 
-async def test_tpm_is_exact_across_replicas(aiohttp_client, store, tmp_path):
+async def test_tpm_is_exact_across_replicas(aiohttp_client, store_settings, tmp_path):
     max_tokens, n, fits = 40, 2, 4
     cost = reservation(max_tokens, n)
     tpm = fits * cost + cost - 1  # room for `fits` requests and not one token more
     path, auth = write_tenants(tmp_path, tpm=tpm)
-    clients = await replicas(aiohttp_client, store, path, exact_script)
+    clients = await replicas(aiohttp_client, store_settings, path, exact_script)
     answers = await fire(clients, auth, 30, max_tokens=max_tokens, n=n)
     ok = [r for r in answers if r.status == 200]
     assert len(ok) == fits
@@ -279,9 +266,9 @@ async def test_tpm_is_exact_across_replicas(aiohttp_client, store, tmp_path):
     assert await total_rejections(clients) == {"tokens": 30 - fits}
 
 
-async def test_a_request_larger_than_tpm_can_never_pass(aiohttp_client, store, tmp_path):
+async def test_a_request_larger_than_tpm_can_never_pass(aiohttp_client, store_settings, tmp_path):
     path, auth = write_tenants(tmp_path, tpm=reservation(100) - 1)
-    (client, *_) = await replicas(aiohttp_client, store, path, exact_script)
+    (client, *_) = await replicas(aiohttp_client, store_settings, path, exact_script)
     resp = await post(client, auth, max_tokens=100)
     error = await error_of(resp)
     assert_rate_limited(resp, error, "tokens")
@@ -291,14 +278,18 @@ async def test_a_request_larger_than_tpm_can_never_pass(aiohttp_client, store, t
 # -- 3. refunds ------------------------------------------------------------------------------------
 
 
-async def test_unused_tokens_are_refunded_when_the_run_settles(aiohttp_client, store, tmp_path):
+async def test_unused_tokens_are_refunded_when_the_run_settles(
+    aiohttp_client, store_settings, tmp_path
+):
     max_tokens = 500
     cost = reservation(max_tokens)
     used = 5 + 3  # the short script's usage: prompt 5, completion 3
     tpm = cost + 20  # one reservation fits; two never do; one plus what a run used does
     assert used <= 20 < cost
     path, auth = write_tenants(tmp_path, tpm=tpm)
-    client = await gateway(aiohttp_client, store, path, [ScriptedAdapter("scripted", short_script)])
+    client = await gateway(
+        aiohttp_client, store_settings, path, [ScriptedAdapter("scripted", short_script)]
+    )
     first = await post(client, auth, stream=True, max_tokens=max_tokens)
     assert first.status == 200
     assert first.headers["x-ratelimit-remaining-tokens"] == str(tpm - cost)
@@ -338,11 +329,11 @@ def ending_script(request: ChatRequest) -> list:
     ],
 )
 async def test_an_ended_run_frees_its_concurrency_slot(
-    aiohttp_client, store, tmp_path, user, status, code, settings
+    aiohttp_client, store_settings, tmp_path, user, status, code, settings
 ):
     path, auth = write_tenants(tmp_path, max_concurrent=1)
     adapter = ScriptedAdapter("scripted", ending_script)
-    client = await gateway(aiohttp_client, store, path, [adapter], **settings)
+    client = await gateway(aiohttp_client, store_settings, path, [adapter], **settings)
     first = await post(client, auth, stream=True, user=user)
     assert first.status == 200
     run_id = sse_events(await first.content.readuntil(b"\n\n"))[0].json()["id"]
@@ -369,14 +360,14 @@ async def test_an_ended_run_frees_its_concurrency_slot(
 
 
 async def test_a_spent_budget_is_insufficient_quota_until_the_period_ends(
-    aiohttp_client, store, tmp_path
+    aiohttp_client, store_settings, tmp_path
 ):
     period, max_tokens = 2, 30
     path, auth = write_tenants(
         tmp_path, budget_tokens=reservation(max_tokens), budget_period=period
     )
     adapter = ScriptedAdapter("scripted", exact_script)
-    client = await gateway(aiohttp_client, store, path, [adapter])
+    client = await gateway(aiohttp_client, store_settings, path, [adapter])
     left = period - time.time() % period
     if left < 1.0:  # periods are aligned to the epoch: start early in one
         await asyncio.sleep(left + 0.05)
@@ -399,12 +390,14 @@ async def test_a_spent_budget_is_insufficient_quota_until_the_period_ends(
 # -- 6. policy answers, metrics and headers --------------------------------------------------------
 
 
-async def test_model_and_max_tokens_policy_and_the_quota_metrics(aiohttp_client, store, tmp_path):
+async def test_model_and_max_tokens_policy_and_the_quota_metrics(
+    aiohttp_client, store_settings, tmp_path
+):
     cap = 64
     path, auth = write_tenants(tmp_path, models=["script*"], max_tokens=cap, rpm=3, tpm=10_000)
     allowed = ScriptedAdapter("scripted", exact_script)  # no refunds: exact remaining tokens
     hidden = ScriptedAdapter("secret", exact_script)
-    client = await gateway(aiohttp_client, store, path, [allowed, hidden])
+    client = await gateway(aiohttp_client, store_settings, path, [allowed, hidden])
 
     denied = await post(client, auth, model="secret")
     assert denied.status == 403
@@ -480,14 +473,14 @@ def storm_script(request: ChatRequest) -> list:
     return [TextDelta("a"), Finish("stop"), Usage(5, 1)]
 
 
-@pytest.mark.parametrize("store", ["redis"], indirect=True)
-async def test_clients_gone_mid_admission_strand_no_slot(aiohttp_client, store, tmp_path):
+@pytest.mark.parametrize("store_settings", ["redis"], indirect=True)
+async def test_clients_gone_mid_admission_strand_no_slot(aiohttp_client, store_settings, tmp_path):
     """Clients that hang up at random moments, some while their admission is in flight (the
     handler is cancelled inside the quota script or the run's creation): every slot comes back."""
     slots = 25
     path, auth = write_tenants(tmp_path, max_concurrent=slots)
     adapter = ScriptedAdapter("scripted", storm_script)
-    client = await gateway(aiohttp_client, store, path, [adapter], disconnect_grace=0.05)
+    client = await gateway(aiohttp_client, store_settings, path, [adapter], disconnect_grace=0.05)
     rng = random.Random(7)
 
     async def hang_up(delay: float) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 
 import pytest
-from redis.asyncio import Redis
 
 from adapters.events import TextDelta
 from adapters.scripted import ScriptedAdapter, text_script
@@ -19,21 +17,6 @@ from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_
 PIECES = [f"{i}:é " for i in range(40)]
 OTHER_TENANT = {"Authorization": "Bearer sk-sluice-other-tenant"}
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def store_settings(request):
-    """Settings that pick the run store; Redis keys get a prefix of their own, removed after."""
-    if request.param == "memory":
-        yield {}
-        return
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
-    client = Redis.from_url(REDIS_URL)
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 async def make_client(aiohttp_client, store_settings, script=None, **settings):

@@ -20,20 +20,6 @@ PIECES = ["Hé", "llo", " wörld", "!"]
 RETENTION = 0.2  # seconds an ended run is kept: short, so the tests can outlive it
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store_settings(request):
-    if request.param == "memory":
-        yield {}
-        return
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
-    client = Redis.from_url(REDIS_URL)
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
-
-
 async def make_client(aiohttp_client, store_settings, script):
     adapter = ScriptedAdapter("scripted", script)
     app = gateway_app(adapters=[adapter], run_retention=RETENTION, **store_settings)
