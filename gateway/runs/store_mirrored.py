@@ -6,15 +6,17 @@ them: a stream is usually read where it was started — read and wake without a 
 follower on another replica, or of a run this replica does not drive, reads Redis.
 
 The mirror holds the same seq numbers as Redis because the owner is the only writer of its runs'
-logs. The exception is another replica ending a run whose owner it took for dead: the owner
-learns it when its next write is refused, and then drops its mirror of that run, so its
-followers go to Redis for the rest.
+logs; the owner's appends reach Redis a few milliseconds later, in batches (`redis_appends`).
+The exception is another replica ending a run whose owner it took for dead: the owner learns it
+when a write is refused, and then drops its mirror of that run, so its followers go to Redis for
+the rest, and its next append fails as on a closed log.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from gateway.runs.redis_appends import AppendBuffer
 from gateway.runs.state import RunStatus
 from gateway.runs.store import LogClosed, RunRecord, TerminalRecord, UnknownRun
 from gateway.runs.store_memory import MemoryRunStore
@@ -28,9 +30,16 @@ class MirroredRunStore:
         self.shared = shared
         retention = min(MIRROR_RETENTION, shared.retention)
         self.local = MemoryRunStore(shared.max_events, retention=retention)
+        self.appends = AppendBuffer(shared, self._ended_elsewhere)
+        self._refused: set[str] = set()  # runs whose events Redis refused
 
     async def close(self) -> None:
+        await self.appends.close()
         await self.shared.close()
+
+    def _ended_elsewhere(self, run_id: str) -> None:
+        self._refused.add(run_id)
+        self.local.discard(run_id)  # the mirror lacks that ending: followers go to Redis
 
     async def create(self, record: RunRecord) -> None:
         await self.shared.create(record)
@@ -52,7 +61,9 @@ class MirroredRunStore:
     async def finish(
         self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
     ) -> bool:
+        await self.appends.settle(run_id)  # the final event's seq follows every earlier one
         won = await self.shared.finish(run_id, terminal, final)
+        self._refused.discard(run_id)
         if not self.local.has(run_id):
             return won
         if won:
@@ -62,13 +73,12 @@ class MirroredRunStore:
         return won
 
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
-        try:
-            seq = await self.shared.append(run_id, payloads)
-        except LogClosed:
-            self.local.discard(run_id)
-            raise
-        if self.local.has(run_id):
-            await self.local.append(run_id, payloads)
+        if run_id in self._refused:
+            raise LogClosed(run_id)
+        if not self.local.has(run_id):  # not driven here (or no longer mirrored)
+            return await self.shared.append(run_id, payloads)
+        seq = await self.local.append(run_id, payloads)
+        self.appends.add(run_id, payloads)
         return seq
 
     async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:

@@ -167,6 +167,10 @@ class RedisRunStore:
             raise UnknownRun(run_id)
         return result == 1
 
+    async def queue_append(self, pipe: Any, run_id: str, payloads: list[bytes]) -> None:
+        """Queue an append in a pipeline; its result is what `append`'s script returns."""
+        await self._append(keys=self._keys(run_id), args=[self.max_events, *payloads], client=pipe)
+
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
         result = await self._append(keys=self._keys(run_id), args=[self.max_events, *payloads])
         if result == -1:

@@ -156,15 +156,43 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner():
     try:
         run = await new_run(owner)
         await owner.append(run, [b"a"])
+        await owner.appends.settle(run)  # in Redis now, as it is a few ms after any append
         waiter = asyncio.create_task(owner.wait(run, 1))
         await asyncio.sleep(0.01)
         lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
         assert await other.finish(run, lost, b"lost-frame")  # it took the owner for dead
+        await owner.append(run, [b"late"])  # taken locally; Redis refuses it on the way
+        await owner.appends.settle(run)
         with pytest.raises(LogClosed):
-            await owner.append(run, [b"late"])  # the owner learns it on its next write
+            await owner.append(run, [b"later"])  # the owner knows now
         await asyncio.wait_for(waiter, 2)
         assert await owner.read(run, 1) == [(2, b"lost-frame")]  # now from Redis
         assert (await owner.get(run)).terminal == lost
+    finally:
+        await owner.close()
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending():
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    owner = MirroredRunStore(RedisRunStore(client, prefix=prefix, max_events=500))
+    elsewhere = RedisRunStore(client, prefix=prefix, max_events=500)
+    try:
+        runs = [await new_run(owner, f"run-{i}") for i in range(5)]
+        for n in range(40):  # interleaved appends of five runs, several per tick
+            for run in runs:
+                await owner.append(run, [b"%d" % n])
+            if n % 7 == 0:
+                await asyncio.sleep(0.003)
+        for run in runs:
+            await owner.finish(run, TerminalRecord(RunStatus.COMPLETED, "completed"), b"end")
+            events = await elsewhere.read(run, 0)  # what another replica sees
+            assert [p for _, p in events] == [b"%d" % n for n in range(40)] + [b"end"]
+            assert [seq for seq, _ in events] == list(range(1, 42))
     finally:
         await owner.close()
         keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
