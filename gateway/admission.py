@@ -42,8 +42,9 @@ def check_model(request: web.Request, tenant: Tenant, model: str) -> None:
         )
 
 
-def cap_max_tokens(tenant: Tenant, chat: ChatRequest) -> None:
-    """The tenant's cap is the default when the request names none, and a limit when it does."""
+def cap_max_tokens(tenant: Tenant, chat: ChatRequest, param: str = "max_tokens") -> None:
+    """The tenant's cap is the default when the request names none, and a limit when it does;
+    `param` is the field the request used (`max_tokens` or `max_completion_tokens`)."""
     cap = tenant.limits.max_tokens
     if cap is None:
         return
@@ -51,8 +52,8 @@ def cap_max_tokens(tenant: Tenant, chat: ChatRequest) -> None:
         chat.max_tokens = cap
     elif chat.max_tokens > cap:
         raise invalid_request(
-            "max_tokens",
-            f"max_tokens is {chat.max_tokens}, above your key's limit of {cap}.",
+            param,
+            f"{param} is {chat.max_tokens}, above your key's limit of {cap}.",
             code="max_tokens_exceeded",
         )
 

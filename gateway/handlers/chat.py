@@ -57,7 +57,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         raise model_not_found(chat.model)
     request[MODEL_LABEL] = chat.model
     check_model(request, tenant, chat.model)
-    cap_max_tokens(tenant, chat)
+    named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
+    cap_max_tokens(tenant, chat, named or "max_tokens")
     param = adapter.unsupported_param(chat)
     if param is not None:
         raise invalid_request(

@@ -410,6 +410,9 @@ async def test_model_and_max_tokens_policy_and_the_quota_metrics(
     error = await error_of(too_many)
     assert (error["type"], error["param"]) == ("invalid_request_error", "max_tokens")
     assert "max_tokens" in error["message"] and str(cap) in error["message"]
+    newer_name = await post(client, auth, max_completion_tokens=cap + 1)
+    assert newer_name.status == 400
+    assert (await error_of(newer_name))["param"] == "max_completion_tokens"  # the field sent
 
     for _ in range(2):
         capped = await post(client, auth)  # no max_tokens: the cap is the default
