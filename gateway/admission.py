@@ -78,6 +78,7 @@ async def admit(
         )
     except QuotaExceeded as exc:
         request.app[METRICS].quota_rejections.labels(exc.limit).inc()
+        request[RATE_HEADERS] = {}  # the 429 carries its own
         kind = "insufficient_quota" if exc.code == "insufficient_quota" else exc.limit
         raise APIError(429, exc.message, type=kind, code=exc.code, headers=exc.headers) from None
     request[RATE_HEADERS] = admission.headers
@@ -105,7 +106,6 @@ def settlement(
             await app[QUOTAS].release(admission, prompt + acct.generated_tokens)
         terminal = driver.terminal
         status = terminal.status if terminal else RunStatus.FAILED
-        now = time.monotonic()
         await app[LEDGER].append(
             UsageRecord(
                 run_id=driver.run_id,
@@ -119,8 +119,8 @@ def settlement(
                 generated_tokens=acct.generated_tokens,
                 sent_tokens=acct.sent_tokens,
                 tail_tokens=acct.tail_tokens,
-                ttft_s=None if acct.first_token_at is None else acct.first_token_at - acct.started,
-                e2e_s=(acct.terminal_at or now) - acct.started,
+                ttft_s=acct.ttft_s,
+                e2e_s=acct.e2e_s,
                 ended_at=time.time(),
             )
         )

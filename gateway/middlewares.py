@@ -74,8 +74,7 @@ def _count(request: web.Request, status: int) -> None:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every `/v1/` route needs a valid bearer credential of a known tenant; its answer carries
-    the tenant's rate-limit headers (the chat handler refreshes them after admission)."""
+    """Every `/v1/` route needs a valid bearer credential of a known tenant."""
     if request.path.startswith("/v1/"):
         auth = request.app[AUTH]
         principal = auth.authenticate(request.headers.get("Authorization"))
@@ -87,18 +86,22 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             raise invalid_api_key() from None
         request[PRINCIPAL] = principal
         request[TENANT] = tenant
-        limits = quota_limits(tenant.limits)
-        if limits.rpm or limits.tpm:
-            request[RATE_HEADERS] = await request.app[QUOTAS].headers(tenant.name, limits)
     return await handler(request)
 
 
 async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: stamp every response, streams included."""
+    """on_response_prepare: stamp every response, streams included, with its request id and,
+    for a tenant with rpm or tpm, its rate-limit headers (an admitted chat request already
+    has them from its admission; other answers read them without consuming anything)."""
     request_id = request.get(REQUEST_ID)
     if request_id:
         response.headers["x-request-id"] = request_id
     rate = request.get(RATE_HEADERS)
+    tenant = request.get(TENANT)
+    if rate is None and tenant is not None:
+        limits = quota_limits(tenant.limits)
+        if limits.rpm or limits.tpm:
+            rate = await request.app[QUOTAS].headers(tenant.name, limits)
     if rate:
         for name, value in rate.items():
             response.headers.setdefault(name, value)

@@ -87,14 +87,14 @@ async def stream_run(
             following(runs, run_id),
             contextlib.aclosing(runs.follow(run_id, after, FOLLOW_BATCH)) as events,
         ):
+            outran = False
             try:
                 first = await anext(events, None)
             except ResumeWindowExpired:
                 if resume:
                     raise
-                first = None  # the run outran its log before this request read it
-                events = _expired()
-            if first is None:
+                first, outran = None, True  # the run outran its log before this request read it
+            if first is None and not outran:
                 terminal = (await runs.get(run_id)).terminal
                 if terminal is not None and terminal.http_status is not None:
                     raise terminal_error(terminal)
@@ -108,7 +108,7 @@ async def stream_run(
             app[OPEN_STREAMS].add(asyncio.current_task())
             metrics.active_streams.inc()
             try:
-                await _relay(events, writer)
+                await (_fell_behind(writer) if outran else _relay(events, writer))
             finally:
                 metrics.active_streams.dec()
                 metrics.client_blocked.observe(writer.blocked)
@@ -130,11 +130,6 @@ async def stream_run(
     return writer.response
 
 
-async def _expired() -> AsyncIterator[list[tuple[int, bytes]]]:
-    raise ResumeWindowExpired
-    yield  # pragma: no cover - makes this an async generator
-
-
 async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWriter) -> None:
     try:
         async for batch in events:
@@ -142,18 +137,25 @@ async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWrit
             # for one that keeps up (an upstream burst, a replay) goes out event by event.
             await writer.send(coalesce(batch) if writer.behind else batch)
     except ResumeWindowExpired:  # so far behind that the log moved past it
-        await writer.send_error(
-            {
-                "message": "This stream fell behind the events the server keeps; "
-                f"resume with starting_after={writer.last_seq} is no longer possible.",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "resume_window_expired",
-            }
-        )
+        await _fell_behind(writer)
+        return
     except (ConnectionError, asyncio.CancelledError):
         writer.abandon()
         raise
+    await writer.close()
+
+
+async def _fell_behind(writer: SSEWriter) -> None:
+    """End a stream whose next events the log no longer holds."""
+    await writer.send_error(
+        {
+            "message": "This stream fell behind the events the server keeps; "
+            f"resume with starting_after={writer.last_seq} is no longer possible.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "resume_window_expired",
+        }
+    )
     await writer.close()
 
 

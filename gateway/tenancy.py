@@ -55,16 +55,19 @@ async def watch_tenants_file(app: web.Application) -> AsyncIterator[None]:
         return
     path = settings.tenants
 
-    def apply(config: TenantsConfig) -> None:
+    def apply(config: TenantsConfig) -> None:  # reload_now logs the outcome
         app[AUTH].reload(with_api_keys(config, settings.api_key))
-        log.info("tenants reloaded", tenants=len(config.tenants))
 
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(watch_tenants(path, apply), name="tenants watch")
-    on_hup = False
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+    try:
         loop.add_signal_handler(signal.SIGHUP, reload_now, path, apply)
         on_hup = True
+    except (NotImplementedError, RuntimeError, ValueError):
+        # NOTE: no SIGHUP where the loop cannot take signal handlers (not Unix, or not the main
+        # thread, as when embedded); the file watcher still picks changes up.
+        log.info("no SIGHUP reload here; the tenants file is watched for changes", path=path)
+        on_hup = False
     try:
         yield
     finally:

@@ -20,7 +20,8 @@ from typing import Any
 import structlog
 
 from workers import protocol
-from workers.engine import ENGINE_ERROR, Engine, EngineStats, RequestOutput
+from workers.engine import ENGINE_ERROR, Engine
+from workers.engine_outputs import EngineStats, RequestOutput
 from workers.request import EngineRequest
 
 log = structlog.get_logger("sluice.worker.loop")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -22,6 +21,7 @@ import torch
 from workers import protocol
 from workers.block_manager import BlockManager
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
+from workers.engine_outputs import CapacityError, EngineStats, RequestOutput
 from workers.kv_cache import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheShape,
@@ -39,34 +39,6 @@ from workers.stop import StopContext, StopStringHoldback, check_stop
 log = structlog.get_logger("sluice.worker.engine")
 
 ENGINE_ERROR = "engine_error"
-
-
-class CapacityError(ValueError):
-    """The request can never fit in the KV cache (prompt plus max_tokens)."""
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """Events produced for one request in one step; `finished` when it sent its last event."""
-
-    request_id: str
-    events: list[dict[str, Any]] = field(default_factory=list)
-    finished: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot for /v1/stats and /metrics."""
-
-    waiting: int
-    running: int
-    generated_tokens_total: int
-    last_step_tokens: int = 0
-    preemptions_total: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_queries: int = 0
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.engine import EngineStats
+from workers.engine_outputs import EngineStats
 
 StatsSource = Callable[[], EngineStats | None]
 

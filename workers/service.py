@@ -22,7 +22,8 @@ from workers import protocol
 from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, render_prompt
 from workers.config import WorkerConfig
-from workers.engine import Engine, EngineStats
+from workers.engine import Engine
+from workers.engine_outputs import EngineStats
 from workers.metrics import WorkerMetrics
 from workers.model_loader import (
     context_length,

@@ -119,11 +119,10 @@ class RunAccounting:
     ) -> None:
         """Record the run's end, once, after the upstream is done with it."""
         m = self.metrics
-        now = time.monotonic()
         status = terminal.status if terminal else RunStatus.FAILED
         reason = terminal.finish_reason if terminal and terminal.finish_reason else None
         m.runs_finished.labels(self.model, reason or _END_REASON.get(status, "error")).inc()
-        m.e2e.observe((self.terminal_at or now) - self.started)
+        m.e2e.observe(self.e2e_s)
         if self.last_token_at is not None and self.terminal_at is not None:
             m.tail_latency.observe(max(0.0, self.terminal_at - self.last_token_at))
         m.tokens.labels("sent").inc(self.sent_tokens)
@@ -159,9 +158,19 @@ class RunAccounting:
             cancel_latency_ms=_ms(decision.at, self.confirmed_at) if source and decision else None,
             upstream_tail_tokens=self.upstream_tail_tokens if source else None,
             upstream_stop_ms=self.upstream_stop_ms,
-            ttft_s=_s(self.started, self.first_token_at),
-            e2e_s=_s(self.started, self.terminal_at or now),
+            ttft_s=_round(self.ttft_s),
+            e2e_s=_round(self.e2e_s),
         )
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Request received → first token in the log."""
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    @property
+    def e2e_s(self) -> float:
+        """Request received → terminal state recorded (or now, if not yet)."""
+        return (self.terminal_at or time.monotonic()) - self.started
 
     @property
     def cancel_outcome(self) -> str:
@@ -170,8 +179,8 @@ class RunAccounting:
         return "tail" if self.tail_tokens else "clean"
 
 
-def _s(start: float, end: float | None) -> float | None:
-    return None if end is None else round(end - start, 4)
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 def _ms(start: float, end: float | None) -> float | None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from gateway.local_worker import free_port
+from tests.support.processes import stop, wait_ready
 
 E2E_KEY = "sk-sluice-e2e"
 DISCONNECT_GRACE = 1.0
@@ -54,18 +53,6 @@ def served(tiny_model_dir) -> Served:
         str(DISCONNECT_GRACE),
     ]
     proc = subprocess.Popen(cmd, env={**os.environ, "SLUICE_LOG_LEVEL": "warning"})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "sluice serve exited during start-up"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("sluice serve did not become ready")
+    wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
     yield Served(port, proc)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    stop(proc)

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import E2E_KEY
+from tests.support.processes import resume_request
 
 PROMPT = [{"role": "user", "content": "Tell me a story about 你好 and café."}]
 AUTH = {"Authorization": f"Bearer {E2E_KEY}"}
@@ -117,12 +118,7 @@ class Gateway:
         return self.http.stream("POST", "/v1/chat/completions", json=body, headers=AUTH)
 
     def resume(self, run_id: str, after: int, header: bool):
-        params = {"stream": "true"}
-        headers = dict(AUTH)
-        if header:
-            headers["Last-Event-ID"] = str(after)
-        else:
-            params["starting_after"] = str(after)
+        params, headers = resume_request(after, header, AUTH)
         return self.http.stream(
             "GET", f"/v1/chat/completions/{run_id}", params=params, headers=headers
         )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,12 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from openai import OpenAI
 
 from gateway.local_worker import free_port
+from tests.support.processes import stop, wait_ready
 from tests.support.worker_process import REPO
 
 TENANTS = """\
@@ -88,26 +87,10 @@ def served(tiny_model_dir, tmp_path_factory) -> Iterator[Served]:
     ]
     proc = subprocess.Popen(command, cwd=REPO, env=ENV)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "sluice serve exited during start-up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("sluice serve did not become ready")
+        wait_ready(proc, f"http://127.0.0.1:{port}/readyz")
         yield Served(f"http://127.0.0.1:{port}/v1", tenants, usage_file, acme, globex)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop(proc)
     assert proc.returncode == 0, "sluice serve did not stop cleanly on SIGTERM"
 
 

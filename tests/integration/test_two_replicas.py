@@ -25,6 +25,7 @@ from openai._streaming import SSEDecoder
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
+from tests.support.processes import resume_request, stop, wait_ready
 
 API_KEY = "sk-sluice-replicas"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -47,31 +48,6 @@ def _launch(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     return subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", *cmd], env={**os.environ, **(env or {})}
     )
-
-
-def _wait_ready(proc: subprocess.Popen, ready_url: str) -> subprocess.Popen:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{proc.args[3]} exited during start-up with {proc.returncode}")
-        try:
-            if httpx.get(ready_url, timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    _stop(proc)
-    pytest.fail(f"{proc.args[3]} did not become ready at {ready_url}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @dataclass
@@ -106,9 +82,10 @@ def worker(tiny_model_dir) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = ["worker", "--model", str(tiny_model_dir), "--port", str(port)]
-    proc = _wait_ready(_launch([*cmd, "--dtype", "float32", "--device", "cpu"]), f"{url}/health")
+    proc = _launch([*cmd, "--dtype", "float32", "--device", "cpu"])
+    wait_ready(proc, f"{url}/health")
     yield url
-    _stop(proc)
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +104,12 @@ def start_replica(worker, prefix):
             procs.append(_launch(cmd, env))
             launched.append(Replica(f"http://127.0.0.1:{port}", procs[-1]))
         for replica in launched:
-            _wait_ready(replica.proc, f"{replica.root}/readyz")
+            wait_ready(replica.proc, f"{replica.root}/readyz")
         return launched
 
     yield start
     for proc in procs:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +159,7 @@ def text_of(frames) -> str:
 
 def resume(replica: Replica, run_id: str, after: int, *, header: bool = False):
     """Resume a run's stream on `replica` from event `after`; all of its frames."""
-    params = {"stream": "true"}
-    headers = dict(AUTH)
-    if header:
-        headers["Last-Event-ID"] = str(after)
-    else:
-        params["starting_after"] = str(after)
+    params, headers = resume_request(after, header, AUTH)
     with httpx.stream(
         "GET", replica.run_url(run_id), params=params, headers=headers, timeout=30
     ) as resp:

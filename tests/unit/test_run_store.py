@@ -25,22 +25,29 @@ from gateway.runs.store_redis import RedisRunStore
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+@pytest.fixture
+async def redis_space():
+    """A real Redis client and a key prefix of this test's own, removed afterwards."""
+    client = Redis.from_url(REDIS_URL)
+    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    yield client, prefix
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
 @pytest.fixture(params=["memory", "redis", "mirrored"])
-async def store(request):
+async def store(request, redis_space):
     if request.param == "memory":
         yield MemoryRunStore(max_events=5)
         return
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    client, prefix = redis_space
     store = RedisRunStore(client, prefix=prefix, max_events=5)
     if request.param == "mirrored":
         store = MirroredRunStore(store)
     yield store
     await store.close()
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 async def new_run(store, run_id: str = "run-1") -> str:
@@ -148,9 +155,8 @@ def test_terminal_record_needs_a_terminal_status():
     assert RunStatus.COMPLETED.is_terminal and not RunStatus.FINALIZING.is_terminal
 
 
-async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner():
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner(redis_space):
+    client, prefix = redis_space
     owner = MirroredRunStore(RedisRunStore(client, prefix=prefix, max_events=50))
     other = RedisRunStore(client, prefix=prefix, max_events=50)
     try:
@@ -170,15 +176,10 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner():
         assert (await owner.get(run)).terminal == lost
     finally:
         await owner.close()
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
-async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending():
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(redis_space):
+    client, prefix = redis_space
     owner = MirroredRunStore(RedisRunStore(client, prefix=prefix, max_events=500))
     elsewhere = RedisRunStore(client, prefix=prefix, max_events=500)
     try:
@@ -195,7 +196,3 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending():
             assert [seq for seq, _ in events] == list(range(1, 42))
     finally:
         await owner.close()
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()

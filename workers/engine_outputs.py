@@ -1,0 +1,36 @@
+"""What the engine hands out: the events of a step per request, stats snapshots, and the refusal
+of a request that can never fit. Kept apart so the engine's callers (async loop, service,
+metrics) depend on these types, not on the engine's internals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CapacityError(ValueError):
+    """The request can never fit in the KV cache (prompt plus max_tokens)."""
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """Events produced for one request in one step; `finished` when it sent its last event."""
+
+    request_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot for /v1/stats and /metrics."""
+
+    waiting: int
+    running: int
+    generated_tokens_total: int
+    last_step_tokens: int = 0
+    preemptions_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
