@@ -14,7 +14,15 @@ import aiohttp
 import orjson
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
-from adapters.events import ErrorEvent, Event, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.events import (
+    FINISH_REASONS,
+    ErrorEvent,
+    Event,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
 
@@ -54,39 +62,56 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
     return body
 
 
-def chunk_events(chunk: dict[str, Any]) -> list[Event]:
-    """The internal events in one upstream `chat.completion.chunk`."""
+class BadChunk(ValueError):
+    """An upstream chunk that is not a well-formed `chat.completion.chunk`."""
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise BadChunk(f"expected {kind}, got {type(value).__name__}")
+    return value
+
+
+def chunk_events(chunk: Any, n: int = 1) -> list[Event]:
+    """The internal events in one upstream `chat.completion.chunk` of a request for `n`
+    choices; raises BadChunk for anything malformed (wrong types, a choice index out of range)."""
+    if not isinstance(chunk, dict):
+        raise BadChunk("a chunk is a JSON object")
     if "error" in chunk:
         return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
     events: list[Event] = []
-    for choice in chunk.get("choices") or ():
-        index = choice.get("index", 0)
-        delta = choice.get("delta") or {}
-        content = delta.get("content")
+    for choice in _typed(chunk.get("choices"), list, ()):
+        choice = _typed(choice, dict, {})
+        index = _typed(choice.get("index"), int, 0)
+        if not 0 <= index < n:
+            raise BadChunk(f"choice index {index} outside 0..{n - 1}")
+        delta = _typed(choice.get("delta"), dict, {})
+        content = _typed(delta.get("content"), str, "")
         if content:
-            logprobs = (choice.get("logprobs") or {}).get("content")
+            logprobs = _typed(_typed(choice.get("logprobs"), dict, {}).get("content"), list)
             events.append(TextDelta(content, index, 1, logprobs))
-        for call in delta.get("tool_calls") or ():
-            function = call.get("function") or {}
+        for call in _typed(delta.get("tool_calls"), list, ()):
+            call = _typed(call, dict, {})
+            function = _typed(call.get("function"), dict, {})
             events.append(
                 ToolCallDelta(
-                    call.get("index", 0),
-                    function.get("arguments") or "",
-                    call.get("id"),
-                    function.get("name"),
+                    _typed(call.get("index"), int, 0),
+                    _typed(function.get("arguments"), str, ""),
+                    _typed(call.get("id"), str),
+                    _typed(function.get("name"), str),
                     index,
                 )
             )
-        reason = choice.get("finish_reason")
+        reason = _typed(choice.get("finish_reason"), str)
         if reason:
-            events.append(Finish(reason if reason in _KNOWN_REASONS else "stop", index))
-    usage = chunk.get("usage")
+            events.append(Finish(reason if reason in FINISH_REASONS else "stop", index))
+    usage = _typed(chunk.get("usage"), dict)
     if usage:
-        events.append(Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
+        prompt = _typed(usage.get("prompt_tokens"), int, 0)
+        events.append(Usage(prompt, _typed(usage.get("completion_tokens"), int, 0)))
     return events
-
-
-_KNOWN_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
 
 
 class OpenAIUpstreamAdapter:
@@ -156,8 +181,8 @@ class OpenAIUpstreamAdapter:
                     if payload == b"[DONE]":
                         continue
                     try:
-                        batch += chunk_events(orjson.loads(payload))
-                    except (orjson.JSONDecodeError, AttributeError, KeyError, ValueError):
+                        batch += chunk_events(orjson.loads(payload), request.n)
+                    except ValueError:  # orjson.JSONDecodeError and BadChunk both are
                         batch.append(ErrorEvent("upstream_error", "The upstream sent a bad chunk."))
                 if batch:
                     yield batch

@@ -102,7 +102,7 @@ def _parse_message(i: int, raw: Any) -> Message:
     if not isinstance(raw, dict):
         raise invalid_request(where, f"'{where}' must be an object.", code="invalid_type")
     role = raw.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise invalid_request(
             f"{where}.role",
             f"Invalid value for '{where}.role': {role!r}. Supported roles are "
@@ -194,10 +194,17 @@ def _parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 def _parse_tool_choice(body: dict[str, Any]) -> str | dict[str, Any] | None:
     choice = body.get("tool_choice")
-    if choice is None or choice in TOOL_CHOICES:
+    if choice is None or (isinstance(choice, str) and choice in TOOL_CHOICES):
         return choice
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            return choice
+        raise invalid_request(
+            "tool_choice.function.name",
+            "Missing required parameter: 'tool_choice.function.name'.",
+            code="missing_required_parameter",
+        )
     raise invalid_request(
         "tool_choice",
         "Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
@@ -207,7 +214,8 @@ def _parse_tool_choice(body: dict[str, Any]) -> str | dict[str, Any] | None:
 
 def _parse_response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     fmt = _expect(body, "response_format", (dict,), "an object")
-    if fmt is not None and fmt.get("type") not in RESPONSE_FORMATS:
+    kind = None if fmt is None else fmt.get("type")
+    if fmt is not None and (not isinstance(kind, str) or kind not in RESPONSE_FORMATS):
         raise invalid_request(
             "response_format.type",
             "Invalid 'response_format.type': expected 'text', 'json_object' or 'json_schema'.",

@@ -102,7 +102,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", "messages", "invalid_type")
         role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {sorted(ROLES)}", "messages")
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages", "invalid_type")

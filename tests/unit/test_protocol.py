@@ -60,6 +60,18 @@ BAD = [
         "missing_required_parameter",
     ),
     ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+    # wrong JSON types where a string is looked up in a set: a 400, not a TypeError
+    ({"messages": [{"role": [], "content": "x"}]}, "messages[0].role", "invalid_value"),
+    ({"messages": [{"role": {}, "content": "x"}]}, "messages[0].role", "invalid_value"),
+    ({"tool_choice": []}, "tool_choice", "invalid_value"),
+    ({"tool_choice": {}}, "tool_choice", "invalid_value"),
+    (
+        {"tool_choice": {"type": "function", "function": {"name": 5}}},
+        "tool_choice.function.name",
+        "missing_required_parameter",
+    ),
+    ({"response_format": {"type": []}}, "response_format.type", "invalid_value"),
+    ({"response_format": {"type": {}}}, "response_format.type", "invalid_value"),
     ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
     ({"metadata": {"a": 1}}, "metadata", "invalid_value"),
     ({"user": 5}, "user", "invalid_type"),
@@ -122,6 +134,11 @@ def test_values_are_kept_and_unknown_fields_ignored():
     assert (chat.n, chat.logprobs, chat.top_logprobs) == (2, True, 3)
     assert (chat.presence_penalty, chat.frequency_penalty) == (0.5, -0.5)
     assert chat.metadata == {"k": "v"}
+
+
+def test_a_named_function_tool_choice_is_openais_valid_form():
+    choice = {"type": "function", "function": {"name": "f"}}
+    assert parse_chat_request(body(tool_choice=choice)).tool_choice == choice
 
 
 def test_max_completion_tokens_wins_over_max_tokens():

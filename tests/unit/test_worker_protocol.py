@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workers.protocol import BadRequest, parse_generate
 from workers.sampling import SamplingParams
@@ -89,3 +91,44 @@ def test_refusals_name_the_field(raw, param: str | None, code: str) -> None:
     with pytest.raises(BadRequest) as info:
         parse_generate(raw)
     assert (info.value.param, info.value.code) == (param, code)
+
+
+GENERATE_FIELDS = [
+    "request_id",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_logprobs",
+    "ignore_eos",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(GENERATE_FIELDS),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.sampled_from(["role", "content", "x"]), inner, max_size=3)
+            ),
+            max_leaves=8,
+        ),
+    )
+)
+def test_any_json_is_parsed_or_refused_with_a_named_field(fields) -> None:
+    body = {"request_id": "r", "messages": [{"role": "user", "content": "hi"}], **fields}
+    try:
+        parse_generate(body)
+    except BadRequest as refused:
+        assert refused.param is None or refused.param in GENERATE_FIELDS
