@@ -25,11 +25,18 @@ class ModelInfo:
 class BackendRejected(Exception):
     """The upstream refused the request as invalid; `param` names the field when known."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        code: str = "invalid_value",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+        self.code = code  # one of our own codes (an upstream's code never passes)
 
 
 class BackendUnavailable(Exception):

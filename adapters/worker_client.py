@@ -20,6 +20,7 @@ from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 
 API_VERSION = 1
+_PASSED_CODES = frozenset({"context_length_exceeded", "invalid_type", "invalid_value"})
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
@@ -73,6 +74,7 @@ class WorkerAdapter:
         self.base_url = base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._model: ModelInfo | None = None
+        self._max_body: int | None = None  # the worker's own body limit, as it reports it
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
@@ -98,6 +100,7 @@ class WorkerAdapter:
         if info.get("api_version") != API_VERSION:
             raise BackendFailed(f"worker {self.name} speaks API version {info.get('api_version')}")
         self._model = ModelInfo(info["id"], max_model_len=info.get("max_model_len"))
+        self._max_body = info.get("max_body_bytes")
 
     async def models(self) -> list[ModelInfo]:
         return [self._model] if self._model else []
@@ -124,6 +127,10 @@ class WorkerAdapter:
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         assert self._session is not None
         body = orjson.dumps(generate_body(request, request_id))
+        if self._max_body is not None and len(body) > self._max_body:
+            # NOTE: only a worker started with a lower --max-body-bytes than the gateway's
+            # limit gets here; the client hears what it would have heard from the gateway.
+            raise BackendRejected("The request body is too large.", None, status=413)
         try:
             resp = await self._session.post(
                 f"{self.base_url}/v1/generate",
@@ -170,7 +177,13 @@ async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
     except (orjson.JSONDecodeError, AttributeError):
         error = {}
     if resp.status == 400:
-        raise BackendRejected(str(error.get("message", "Invalid request.")), error.get("param"))
+        # our own worker: its messages and codes are ours to pass on
+        code = error.get("code") if error.get("code") in _PASSED_CODES else "invalid_value"
+        raise BackendRejected(
+            str(error.get("message", "Invalid request.")), error.get("param"), code=code
+        )
+    if resp.status == 413:
+        raise BackendRejected("The request body is too large.", None, status=413)
     if resp.status == 503:
         raise BackendUnavailable(
             "The model worker is busy.", float(resp.headers.get("retry-after", 1))

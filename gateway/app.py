@@ -54,7 +54,7 @@ def _backends(adapters: list[Adapter] | None):
                 if settings.starts_local_workers:
                     model = settings.model or DEFAULT_MODEL
                     workers = [
-                        LocalWorker(model, settings.device, settings.dtype)
+                        LocalWorker(model, settings.device, settings.dtype, settings.max_body_bytes)
                         for _ in range(max(1, settings.workers))
                     ]
                     await asyncio.gather(*(w.start(settings.worker_start_timeout) for w in workers))

@@ -96,7 +96,9 @@ def from_backend(exc: Exception) -> APIError:
     if isinstance(exc, BackendRejected):
         if exc.status == 404:
             return APIError(404, exc.message, param=exc.param, code="model_not_found")
-        return invalid_request(exc.param, exc.message)
+        if exc.status == 413:
+            return APIError(413, exc.message, param=exc.param, code="request_too_large")
+        return invalid_request(exc.param, exc.message, code=exc.code)
     if isinstance(exc, BackendUnavailable):
         return overloaded(exc.message, exc.retry_after)
     return upstream_failed()

@@ -16,6 +16,8 @@ import time
 import aiohttp
 import structlog
 
+from workers.limits import worker_body_limit
+
 log = structlog.get_logger("sluice.local_worker")
 
 
@@ -37,10 +39,14 @@ def _die_with_parent() -> None:
 class LocalWorker:
     """One worker child process serving `model` on a loopback port."""
 
-    def __init__(self, model: str, device: str, dtype: str, port: int | None = None) -> None:
+    def __init__(
+        self, model: str, device: str, dtype: str, max_body_bytes: int, port: int | None = None
+    ) -> None:
+        """`max_body_bytes` is the gateway's own limit: the worker takes whatever it forwards."""
         self.model = model
         self.device = device
         self.dtype = dtype
+        self.max_body_bytes = worker_body_limit(max_body_bytes)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._proc: asyncio.subprocess.Process | None = None
@@ -60,6 +66,8 @@ class LocalWorker:
             self.device,
             "--dtype",
             self.dtype,
+            "--max-body-bytes",
+            str(self.max_body_bytes),
         ]
 
     async def start(self, ready_within: float) -> None:

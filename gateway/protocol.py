@@ -10,11 +10,8 @@ from typing import Any
 
 from adapters.requests import ChatRequest, Message
 from gateway.errors import invalid_request
+from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-MAX_STOP_STRINGS = 4
-MAX_N = 16
-MAX_TOP_LOGPROBS = 20
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 
@@ -169,6 +166,10 @@ def _parse_stop(body: dict[str, Any]) -> list[str]:
         )
     if any(s == "" for s in stop):
         raise invalid_request("stop", "Invalid 'stop': stop sequences must not be empty.")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise invalid_request(
+            "stop", f"Invalid 'stop': a stop sequence may have at most {MAX_STOP_CHARS} characters."
+        )
     return stop
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.runs.deadlines import Deadlines
+from workers.limits import MAX_BODY_BYTES
 
 DEFAULT_MODEL = "default"
 
@@ -43,7 +44,7 @@ class Settings:
     idempotency_ttl: float = 86400.0  # seconds an Idempotency-Key keeps its run
     usage_file: str | None = None  # the JSONL usage ledger without Redis (default: state dir)
     default_max_tokens: int = 1024  # tokens reserved against tpm when a request names no max
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     ping_interval: float = 15.0
     worker_start_timeout: float = 300.0
     log_level: str = "info"

@@ -71,6 +71,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("block-size") or _DEFAULTS.block_size,
         help="tokens per KV block",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("max-body-bytes") or _DEFAULTS.max_body_bytes),
+        help="largest request body; a gateway starting this worker sets it from its own limit",
+    )
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument(
         "--kv-cache-memory",
@@ -154,6 +160,7 @@ def run_worker(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             num_kv_blocks=args.num_kv_blocks,
             kv_cache_memory=args.kv_cache_memory,
+            max_body_bytes=args.max_body_bytes,
         )
     except ValueError as e:
         log.error("bad worker settings", error=str(e))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.kv_cache import DEFAULT_KV_CACHE_MEMORY, parse_bytes
+from workers.limits import MAX_BODY_BYTES, worker_body_limit
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -24,6 +25,8 @@ class WorkerConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
     kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY
+    # never below what a gateway with the default limit forwards (its --max-body-bytes)
+    max_body_bytes: int = worker_body_limit(MAX_BODY_BYTES)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -32,7 +35,7 @@ class WorkerConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workers.limits import ROLES
 from workers.sampling import InvalidParam, SamplingParams
 
 API_VERSION = 1
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_REQUEST_ID_LEN = 256
 _MISSING = object()
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MAX_N = 16
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
+from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 
 
 class InvalidParam(ValueError):
@@ -65,6 +63,11 @@ class SamplingParams:
         )
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stops")
         _check(all(self.stop), "stop", "stop strings must not be empty")
+        _check(
+            all(len(s) <= MAX_STOP_CHARS for s in self.stop),
+            "stop",
+            f"stop strings have at most {MAX_STOP_CHARS} characters",
+        )
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "ids must be >= 0")
         _check(1 <= self.n <= MAX_N, "n", f"n must be between 1 and {MAX_N}")
         for name in ("presence_penalty", "frequency_penalty"):

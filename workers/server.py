@@ -46,11 +46,15 @@ def _not_ready() -> web.Response:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place an unexpected error becomes a stable 500 (logged without a trace)."""
+    """The one place an error becomes an OpenAI-shaped body: aiohttp's own (413 for a body
+    over the limit, 404, 405) and, logged without a trace, an unexpected 500."""
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = "request_too_large" if e.status == 413 else f"http_{e.status}"
+        return _error(e.status, e.reason, code)
     except Exception as e:
         log.error("request failed", path=request.path, error=type(e).__name__)
         return _error(500, "internal error", "internal_error")
@@ -170,7 +174,7 @@ def create_worker_app(
     config: WorkerConfig, *, loaded: LoadedModel | None = None
 ) -> web.Application:
     """The worker app. `loaded` skips loading (tests reuse a model already in memory)."""
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
     registry = CollectorRegistry()
     service = WorkerService(config, registry, loaded)
     app[CONFIG] = config

@@ -123,6 +123,7 @@ class WorkerService:
             "device": next(model.parameters()).device.type,
             "dtype": dtype_name(model.dtype),
             "api_version": protocol.API_VERSION,
+            "max_body_bytes": self.config.max_body_bytes,
         }
 
     async def prepare(self, body: GenerateBody) -> EngineRequest:

@@ -77,6 +77,7 @@ async def test_health_and_model(client) -> None:
         "device": "cpu",
         "dtype": "float32",
         "api_version": 1,
+        "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,
     }
 
 
@@ -209,3 +210,21 @@ async def test_not_ready_answers_503(aiohttp_client, tmp_path) -> None:
     response = await client.post("/v1/generate", json=body())
     assert response.status == 503
     assert (await response.json())["error"]["code"] == "not_ready"
+
+
+async def test_a_body_over_the_workers_limit_is_an_openai_shaped_413(
+    aiohttp_client, loaded, tiny_model_dir
+) -> None:
+    config = WorkerConfig(
+        model=str(tiny_model_dir), device="cpu", dtype="float32", max_body_bytes=1024
+    )
+    client = await aiohttp_client(create_worker_app(config, loaded=loaded))
+    await wait_healthy(client)
+    big = [{"role": "user", "content": "x" * 2048}]
+    response = await client.post("/v1/generate", json=body(messages=big))
+    assert response.status == 413
+    error = (await response.json())["error"]
+    assert (error["code"], error["param"]) == ("request_too_large", None)
+    response = await client.post("/v1/generate", json=body())  # under it: served as before
+    assert response.status == 200
+    await response.read()

@@ -29,6 +29,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "BLOCK_SIZE",
         "KV_CACHE_MEMORY",
         "NUM_KV_BLOCKS",
+        "MAX_BODY_BYTES",
     ):
         monkeypatch.delenv(f"SLUICE_{name}", raising=False)
 
@@ -46,6 +47,7 @@ def test_defaults() -> None:
         "block_size": 16,
         "kv_cache_memory": "2GiB",
         "num_kv_blocks": None,
+        "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,  # the gateway's default, plus room
     }
 
 
@@ -60,6 +62,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_BLOCK_SIZE", "8")
     monkeypatch.setenv("SLUICE_KV_CACHE_MEMORY", "64MiB")
     monkeypatch.setenv("SLUICE_NUM_KV_BLOCKS", "100")
+    monkeypatch.setenv("SLUICE_MAX_BODY_BYTES", "2048")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -71,6 +74,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "block_size": 8,
         "kv_cache_memory": "64MiB",
         "num_kv_blocks": 100,
+        "max_body_bytes": 2048,
     }
     assert parse(["--port", "9200", "--max-num-seqs", "8"]).port == 9200
     assert parse(["--max-num-seqs", "8"]).max_num_seqs == 8
@@ -97,6 +101,7 @@ def test_bad_choices_are_refused() -> None:
         {"max_num_batched_tokens": 0},
         {"num_kv_blocks": 0},
         {"kv_cache_memory": "lots"},
+        {"max_body_bytes": 0},
     ],
 )
 def test_config_validation(kwargs: dict) -> None:

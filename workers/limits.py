@@ -1,0 +1,23 @@
+"""Request limits shared by the gateway's validation and the worker's (one source for both).
+
+Torch-free on purpose: the gateway imports it without loading any model code.
+"""
+
+from __future__ import annotations
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+# NOTE: every token is checked against each stop string's prefixes while text is held back, so
+# an unbounded stop string would make one request as slow as it likes.
+MAX_STOP_CHARS = 512
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the gateway's default request body limit
+# What a generate body adds to the client's messages and stops: the request id and parameters.
+# Re-encoding never grows the rest (escapes stay escapes; non-ASCII goes from \uXXXX to UTF-8).
+_GENERATE_OVERHEAD = 64 * 1024
+
+
+def worker_body_limit(gateway_max_body: int) -> int:
+    """The body limit a worker needs so that whatever the gateway accepts also fits there."""
+    return gateway_max_body + _GENERATE_OVERHEAD
