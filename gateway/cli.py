@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.http_server import GatewayRunner
 from gateway.logging import configure_logging
 from gateway.settings import Settings, load_settings
 from policies.auth import generate_key
@@ -45,6 +46,14 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idempotency-ttl", type=float, help="seconds an Idempotency-Key lives (24 h)")
     p.add_argument("--usage-file", help="JSONL usage ledger when there is no Redis")
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
+    p.add_argument(
+        "--body-timeout", type=float, help="seconds to receive a request head or body (408)"
+    )
+    p.add_argument(
+        "--max-pending-connections",
+        type=int,
+        help="connections still sending their request head (default 1024; past it the oldest go)",
+    )
     p.add_argument("--ping-interval", type=float, help="seconds of idle stream before a ': ping'")
     p.add_argument("--config", help="TOML file with any of these settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -80,8 +89,14 @@ async def _serve(settings: Settings, banner: str | None) -> None:
     # NOTE: aiohttp's access log formats a plain-text line per request; the structured
     # "completion end" line already records each run, so the access log is only kept for debug.
     access_log = logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None
-    runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=5, access_log=access_log
+    runner = GatewayRunner(
+        app,
+        header_timeout=settings.body_timeout,
+        max_pending=settings.max_pending_connections,
+        handler_cancellation=True,
+        shutdown_timeout=5,
+        access_log=access_log,
+        keepalive_timeout=settings.keepalive_timeout,
     )
     await runner.setup()  # starts the workers and adapters
     site = web.TCPSite(runner, settings.host, settings.port)

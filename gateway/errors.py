@@ -43,7 +43,10 @@ class APIError(Exception):
         headers = {"Content-Type": "application/json", **self.headers}
         if self.status in _NO_RETRY:
             headers.setdefault("x-should-retry", "false")
-        return web.Response(status=self.status, body=orjson.dumps(self.body()), headers=headers)
+        response = web.Response(status=self.status, body=orjson.dumps(self.body()), headers=headers)
+        if headers.get("Connection") == "close":
+            response.force_close()  # the rest of the request will not be read
+        return response
 
 
 def invalid_request(param: str | None, message: str, code: str = "invalid_value") -> APIError:

@@ -33,14 +33,48 @@ def redact_secrets(_logger: object, _name: str, event: dict) -> dict:
     return event
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a line is logged."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _stdlib_handler(renderer: structlog.typing.Processor) -> logging.Handler:
+    """Lines from libraries' stdlib loggers (aiohttp, redis) in the same shape, redacted too."""
+    handler = _StderrHandler()
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.format_exc_info,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                redact_secrets,
+                renderer,
+            ],
+        )
+    )
+    return handler
+
+
 def configure_logging(level: str = "info", json: bool = True) -> None:
-    logging.basicConfig(stream=sys.stderr, format="%(message)s", level=level.upper())
     if json:
         renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
         factory = structlog.BytesLoggerFactory(file=sys.stderr.buffer)
+        text_renderer = structlog.processors.JSONRenderer(
+            serializer=lambda obj, **_: orjson.dumps(obj).decode()
+        )
     else:
-        renderer = structlog.dev.ConsoleRenderer()
+        renderer = text_renderer = structlog.dev.ConsoleRenderer()
         factory = structlog.PrintLoggerFactory(file=sys.stderr)
+    root = logging.getLogger()
+    root.handlers[:] = [_stdlib_handler(text_renderer)]
+    root.setLevel(level.upper())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -45,6 +45,9 @@ class Settings:
     usage_file: str | None = None  # the JSONL usage ledger without Redis (default: state dir)
     default_max_tokens: int = 1024  # tokens reserved against tpm when a request names no max
     max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout: float = 30.0  # a request head or body slower than this is answered 408
+    max_pending_connections: int = 1024  # connections without a whole request head yet
+    keepalive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
     ping_interval: float = 15.0
     worker_start_timeout: float = 300.0
     log_level: str = "info"

@@ -20,6 +20,7 @@ from gateway.admission import (
     settlement,
 )
 from gateway.errors import APIError, invalid_request, model_not_found
+from gateway.http_server import abandon_body
 from gateway.idempotent import idempotency_key
 from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, QUOTAS, RUNS, SETTINGS, STARTED, TENANT
 from gateway.protocol import parse_chat_request
@@ -36,7 +37,17 @@ async def read_json(request: web.Request) -> object:
             "send the body as 'application/json'.",
             code="unsupported_media_type",
         )
-    raw = await request.read()  # enforces the app's client_max_size (413)
+    try:
+        async with asyncio.timeout(request.app[SETTINGS].body_timeout or None):
+            raw = await request.read()  # enforces the app's client_max_size (413)
+    except TimeoutError:
+        abandon_body(request)
+        raise APIError(
+            408,
+            "The request body did not arrive in time.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:

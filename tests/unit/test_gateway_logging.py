@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
+import orjson
+import pytest
+import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.logging import redact_secrets
+from gateway.logging import configure_logging, redact_secrets
 from gateway.metrics import LoopHistogram
 
 
@@ -36,3 +41,26 @@ def test_loop_histogram_exposes_cumulative_buckets():
     assert samples[("sluice_test_seconds_bucket", "+Inf")] == 4
     assert samples[("sluice_test_seconds_count", None)] == 4
     assert abs(samples[("sluice_test_seconds_sum", None)] - 3.65) < 1e-9
+
+
+@pytest.fixture
+def configured_logging():
+    """The serve process's logging set-up, undone afterwards (it is process-wide)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    configure_logging("info")
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+def test_library_log_lines_are_json_and_redacted(configured_logging, capsys):
+    try:
+        raise ValueError("Got more than 8190 bytes when reading: b'Bearer kkkk'")
+    except ValueError:
+        logging.getLogger("aiohttp.server").exception("Error handling request")
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "Error handling" in x]
+    record = orjson.loads(line)
+    assert record["logger"] == "aiohttp.server" and record["level"] == "error"
+    assert "kkkk" not in line and "[REDACTED]" in record["exception"]
