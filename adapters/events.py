@@ -69,6 +69,11 @@ class ErrorEvent:
 
 
 @dataclass(slots=True)
+class Accepted:
+    """The upstream took the request (it validated it and queued it); nothing computed yet."""
+
+
+@dataclass(slots=True)
 class Admitted:
     """The upstream took the request out of its queue and started computing it."""
 
@@ -83,4 +88,4 @@ class Aborted:
     stop_latency_ms: float | None = None
 
 
-Event = TextDelta | ToolCallDelta | Finish | Usage | ErrorEvent | Admitted | Aborted
+Event = TextDelta | ToolCallDelta | Finish | Usage | ErrorEvent | Accepted | Admitted | Aborted

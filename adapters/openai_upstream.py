@@ -16,6 +16,7 @@ import orjson
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
 from adapters.events import (
     FINISH_REASONS,
+    Accepted,
     ErrorEvent,
     Event,
     Finish,
@@ -174,6 +175,7 @@ class OpenAIUpstreamAdapter:
         try:
             if resp.status != 200:
                 await _raise_for_status(resp)
+            yield [Accepted()]
             splitter = SSEDataSplitter()
             while data := await resp.content.readany():  # b"" only at the end of the body
                 batch: list[Event] = []

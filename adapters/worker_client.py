@@ -15,7 +15,16 @@ import aiohttp
 import orjson
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
-from adapters.events import Aborted, Admitted, ErrorEvent, Event, Finish, TextDelta, Usage
+from adapters.events import (
+    Aborted,
+    Accepted,
+    Admitted,
+    ErrorEvent,
+    Event,
+    Finish,
+    TextDelta,
+    Usage,
+)
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 
@@ -59,11 +68,13 @@ def _to_event(record: dict[str, Any]) -> Event | None:
         return Finish(record["reason"], record.get("index", 0))
     if kind == "admitted":
         return Admitted()
+    if kind == "start":
+        return Accepted()
     if kind == "usage":
         return Usage(record["prompt_tokens"], record["completion_tokens"])
     if kind == "error":
         return ErrorEvent("worker_error", "The model worker failed while generating.")
-    return None  # "start" and future record types carry nothing the gateway relays
+    return None  # future record types carry nothing the gateway relays
 
 
 class WorkerAdapter:

@@ -15,16 +15,18 @@ from adapters.catalog import Catalog
 from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
 from adapters.worker_client import WorkerAdapter
+from gateway.backend_health import BackendHealth
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
-from gateway.keys import AUTH, CATALOG, METRICS, OPEN_STREAMS, SETTINGS
+from gateway.keys import AUTH, CATALOG, HEALTH, METRICS, OPEN_STREAMS, SETTINGS
 from gateway.local_worker import LocalWorker
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
 from gateway.settings import DEFAULT_MODEL, Settings
 from gateway.state import shared_state
+from gateway.supervisor import Supervisor
 from gateway.tenancy import build_authenticator, watch_tenants_file
 
 log = structlog.get_logger("sluice.app")
@@ -45,7 +47,8 @@ def _backends(adapters: list[Adapter] | None):
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        workers: list[LocalWorker] = []
+        supervisor: Supervisor | None = None
+        health: BackendHealth | None = None
         started: list[Adapter] = []
         try:
             chosen = adapters
@@ -57,19 +60,27 @@ def _backends(adapters: list[Adapter] | None):
                         LocalWorker(model, settings.device, settings.dtype, settings.max_body_bytes)
                         for _ in range(max(1, settings.workers))
                     ]
-                    await asyncio.gather(*(w.start(settings.worker_start_timeout) for w in workers))
-                    local = [WorkerAdapter(w.url, name=f"local:{w.port}") for w in workers]
+                    ready_within = settings.worker_start_timeout
+                    supervisor = Supervisor(workers, app[METRICS], ready_within)
+                    await asyncio.gather(*(w.start(ready_within) for w in workers))
+                    supervisor.start()
+                    local = [WorkerAdapter(w.url, name=w.name) for w in workers]
                     chosen.insert(0, local[0] if len(local) == 1 else PoolAdapter(local, "local"))
             for adapter in chosen:
                 await adapter.start()
                 started.append(adapter)
                 await app[CATALOG].add(adapter)
+            health = app[HEALTH] = BackendHealth(app[CATALOG].adapters)
+            await health.start()
             log.info("backends ready", models=[m.id for m in app[CATALOG].models()])
             yield
         finally:
+            if health is not None:
+                await health.stop()
             for adapter in started:
                 await adapter.close()
-            await asyncio.gather(*(w.stop() for w in workers))
+            if supervisor is not None:
+                await supervisor.stop()
 
     return ctx
 

@@ -7,6 +7,7 @@ import weakref
 from aiohttp import web
 
 from adapters.catalog import Catalog
+from gateway.backend_health import BackendHealth
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.runs.manager import RunManager
@@ -18,6 +19,7 @@ from policies.tenants import Tenant
 
 SETTINGS = web.AppKey("settings", Settings)
 CATALOG = web.AppKey("catalog", Catalog)
+HEALTH = web.AppKey("health", BackendHealth)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 AUTH = web.AppKey("auth", Authenticator)
 OPEN_STREAMS = web.AppKey("open_streams", weakref.WeakSet)

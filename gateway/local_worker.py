@@ -49,6 +49,7 @@ class LocalWorker:
         self.max_body_bytes = worker_body_limit(max_body_bytes)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.name = f"local:{self.port}"
         self._proc: asyncio.subprocess.Process | None = None
 
     def command(self) -> list[str]:
@@ -71,11 +72,22 @@ class LocalWorker:
         ]
 
     async def start(self, ready_within: float) -> None:
+        """Start the process (again, after it exited) and wait until it serves; RuntimeError if
+        it exits first or is not ready in time (it is stopped then)."""
         log.info("starting worker", model=self.model, port=self.port)
         self._proc = await asyncio.create_subprocess_exec(
             *self.command(), preexec_fn=_die_with_parent
         )
-        await self._wait_ready(ready_within)
+        try:
+            await self._wait_ready(ready_within)
+        except RuntimeError:
+            await self.stop()
+            raise
+
+    async def wait(self) -> int:
+        """Until the process exits; its return code (negative: killed by that signal)."""
+        assert self._proc is not None, "the worker was never started"
+        return await self._proc.wait()
 
     async def _wait_ready(self, ready_within: float) -> None:
         assert self._proc is not None
@@ -97,7 +109,7 @@ class LocalWorker:
         raise RuntimeError(f"worker not ready after {ready_within:.0f} s")
 
     async def stop(self, grace: float = 10.0) -> None:
-        proc, self._proc = self._proc, None
+        proc = self._proc
         if proc is None or proc.returncode is not None:
             return
         proc.terminate()

@@ -148,6 +148,24 @@ class GatewayMetrics:
             ["limit"],
             registry=r,
         )
+        self.local_worker_exits = Counter(
+            "sluice_local_worker_exits_total",
+            "Local worker processes that exited unasked, by member and reason (code:N, signal:X).",
+            ["member", "reason"],
+            registry=r,
+        )
+        self.local_worker_restarts = Counter(
+            "sluice_local_worker_restarts_total",
+            "Local worker processes started again after an exit, by member.",
+            ["member"],
+            registry=r,
+        )
+        self.local_worker_crash_looping = Gauge(
+            "sluice_local_worker_crash_looping",
+            "1 while a local worker keeps exiting soon after each restart.",
+            ["member"],
+            registry=r,
+        )
         self.idempotent_replays = Counter(
             "sluice_idempotent_replays_total",
             "Requests answered from the run an earlier request with the same key started.",

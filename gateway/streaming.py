@@ -87,31 +87,37 @@ async def stream_run(
             following(runs, run_id),
             contextlib.aclosing(runs.follow(run_id, after, FOLLOW_BATCH)) as events,
         ):
-            outran = False
+            # NOTE: the answer waits for the run's first events (so that a run refused before
+            # any, a 400 from the worker say, is still a plain HTTP error), but only up to one
+            # heartbeat interval: a run stuck in a queue gets its headers and pings meanwhile.
+            first_read = asyncio.ensure_future(anext(events, None))
             try:
-                first = await anext(events, None)
-            except ResumeWindowExpired:
-                if resume:
-                    raise
-                first, outran = None, True  # the run outran its log before this request read it
-            if first is None and not outran:
-                terminal = (await runs.get(run_id)).terminal
-                if terminal is not None and terminal.http_status is not None:
-                    raise terminal_error(terminal)
-            writer = await SSEWriter.open(
-                request,
-                settings.ping_interval,
-                headers,
-                first=first,
-                write_timeout=settings.slow_client_timeout or None,
-            )
-            app[OPEN_STREAMS].add(asyncio.current_task())
-            metrics.active_streams.inc()
-            try:
-                await (_fell_behind(writer) if outran else _relay(events, writer))
+                first, outran = await _first_events(first_read, settings.ping_interval, resume)
+                if first is None and not outran and first_read.done():
+                    terminal = (await runs.get(run_id)).terminal
+                    if terminal is not None and terminal.http_status is not None:
+                        raise terminal_error(terminal)
+                writer = await SSEWriter.open(
+                    request,
+                    settings.ping_interval,
+                    headers,
+                    first=first,
+                    write_timeout=settings.slow_client_timeout or None,
+                )
+                app[OPEN_STREAMS].add(asyncio.current_task())
+                metrics.active_streams.inc()
+                try:
+                    if outran:
+                        await _fell_behind(writer)
+                    else:
+                        await _relay(events, writer, None if first_read.done() else first_read)
+                finally:
+                    metrics.active_streams.dec()
+                    metrics.client_blocked.observe(writer.blocked)
             finally:
-                metrics.active_streams.dec()
-                metrics.client_blocked.observe(writer.blocked)
+                if not first_read.done():  # its task must end before the log is closed
+                    first_read.cancel()
+                    await asyncio.wait([first_read])
     except SlowClient:
         metrics.slow_clients.inc()
         metrics.disconnects.inc()
@@ -130,8 +136,35 @@ async def stream_run(
     return writer.response
 
 
-async def _relay(events: AsyncIterator[list[tuple[int, bytes]]], writer: SSEWriter) -> None:
+async def _first_events(
+    read: asyncio.Future[list[tuple[int, bytes]] | None], wait: float, resume: bool
+) -> tuple[list[tuple[int, bytes]] | None, bool]:
+    """(the first events, or None if none came within `wait`; whether the run outran its log
+    before this request read it). A resume raises ResumeWindowExpired instead."""
     try:
+        async with asyncio.timeout(wait or None):
+            return await asyncio.shield(read), False
+    except TimeoutError:
+        return None, False
+    except ResumeWindowExpired:
+        if resume:
+            raise
+        return None, True
+
+
+async def _relay(
+    events: AsyncIterator[list[tuple[int, bytes]]],
+    writer: SSEWriter,
+    first_read: asyncio.Future[list[tuple[int, bytes]] | None] | None = None,
+) -> None:
+    """Send everything until the run's log ends; `first_read` is a first read still pending."""
+    try:
+        if first_read is not None:
+            batch = await first_read
+            if batch is None:
+                await writer.close()
+                return
+            await writer.send(batch)
         async for batch in events:
             # NOTE: only a client whose last write waited has a backlog to merge; a long read
             # for one that keeps up (an upstream burst, a replay) goes out event by event.

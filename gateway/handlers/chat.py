@@ -19,10 +19,20 @@ from gateway.admission import (
     prompt_estimate,
     settlement,
 )
-from gateway.errors import APIError, invalid_request, model_not_found
+from gateway.errors import APIError, invalid_request, model_not_found, overloaded
 from gateway.http_server import abandon_body
 from gateway.idempotent import idempotency_key
-from gateway.keys import CATALOG, MODEL_LABEL, PRINCIPAL, QUOTAS, RUNS, SETTINGS, STARTED, TENANT
+from gateway.keys import (
+    CATALOG,
+    HEALTH,
+    MODEL_LABEL,
+    PRINCIPAL,
+    QUOTAS,
+    RUNS,
+    SETTINGS,
+    STARTED,
+    TENANT,
+)
 from gateway.protocol import parse_chat_request
 from gateway.runs.driver import RunDriver
 from gateway.runs.manager import new_run_id
@@ -68,6 +78,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         raise model_not_found(chat.model)
     request[MODEL_LABEL] = chat.model
     check_model(request, tenant, chat.model)
+    if not app[HEALTH].ready(adapter):
+        raise overloaded(f"No backend for model '{chat.model}' is ready; retry shortly.")
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
     cap_max_tokens(tenant, chat, named or "max_tokens")
     param = adapter.unsupported_param(chat)

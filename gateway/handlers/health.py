@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.keys import CATALOG, METRICS
+from gateway.keys import HEALTH, METRICS
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -15,14 +13,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    adapters = request.app[CATALOG].adapters
-    states = await asyncio.gather(*(a.ready() for a in adapters))
-    ready = any(states)
+    """503 unless some backend can take work (as last probed, at most a second ago)."""
+    backends = request.app[HEALTH].states()
+    ready = any(backends.values())
     return web.json_response(
-        {
-            "status": "ready" if ready else "unavailable",
-            "backends": {a.name: ok for a, ok in zip(adapters, states, strict=True)},
-        },
+        {"status": "ready" if ready else "unavailable", "backends": backends},
         status=200 if ready else 503,
     )
 

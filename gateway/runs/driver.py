@@ -23,7 +23,7 @@ from contextlib import aclosing
 import structlog
 
 from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable
-from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
+from adapters.events import Accepted, Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
 from adapters.requests import ChatRequest
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from gateway.errors import from_backend
@@ -72,6 +72,7 @@ class RunDriver:
         self.terminal: TerminalRecord | None = None
         self.admitted = False
         self._opened = False  # the role chunks are in the log
+        self._decoding = False  # the first token came
         self._task: asyncio.Task[TerminalRecord | None] | None = None
         self._stopper: asyncio.Task[None] | None = None
         self._started = False
@@ -241,6 +242,12 @@ class RunDriver:
             if kind is ErrorEvent:
                 failure, batch = event, batch[:i]
                 break
+            if kind is Accepted:
+                # NOTE: the role chunks go out as soon as the upstream has taken the request, so
+                # a client waiting in its queue already has its headers and a first chunk.
+                if not self._opened:
+                    payloads += self._open()
+                continue
             if kind is Admitted or (
                 not self.admitted and (kind is TextDelta or kind is ToolCallDelta)
             ):
@@ -249,15 +256,16 @@ class RunDriver:
                     await self.store.advance(self.run_id, RunStatus.ADMITTED)
                 if kind is Admitted:
                     continue
+            if not self._decoding and (kind is TextDelta or kind is ToolCallDelta):
+                self._decoding = True
+                await self.store.advance(self.run_id, RunStatus.DECODING)
             self.builder.add(event)
             chunk = self.renderer.render(event)
             if chunk is not None:
+                if not self._opened:
+                    payloads += self._open()
                 payloads.append(chunk)
         if payloads:
-            if not self._opened:
-                self._opened = True
-                payloads[:0] = [self.renderer.role(i) for i in range(self.chat.n)]
-                await self.store.advance(self.run_id, RunStatus.DECODING)
             try:
                 await self.store.append(self.run_id, payloads)
             except LogClosed:  # the run was ended while this batch was on its way
@@ -276,6 +284,11 @@ class RunDriver:
             await self._end(error=error | {"code": failure.code})
             return False
         return True
+
+    def _open(self) -> list[bytes]:
+        """The role chunk of every choice: the first events of the run's stream."""
+        self._opened = True
+        return [self.renderer.role(i) for i in range(self.chat.n)]
 
     async def _complete(self) -> None:
         self._decide(RunStatus.COMPLETED, "completed")
