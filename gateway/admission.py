@@ -11,7 +11,7 @@ from aiohttp import web
 from adapters.requests import ChatRequest
 from gateway import idempotent
 from gateway.errors import APIError, invalid_request
-from gateway.keys import LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
+from gateway.keys import DEFERRED, LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
 from gateway.ledger import UsageRecord
 from gateway.runs.driver import RunDriver
 from gateway.runs.state import PUBLIC_STATUS, RunStatus
@@ -96,15 +96,22 @@ def settlement(
     keep its ending with its Idempotency-Key."""
 
     async def settle(driver: RunDriver) -> None:
-        if idempotency_key is not None and driver.terminal is not None:
-            await idempotent.remember(
-                app, driver.tenant, idempotency_key, driver.run_id, driver.terminal
+        # NOTE: the quota refund and the key's ending outlast a Redis outage (retried when it
+        # is back); the usage record falls back to this host's file (gateway/ledger.py).
+        deferred = app[DEFERRED]
+        terminal = driver.terminal
+        if idempotency_key is not None and terminal is not None:
+            await deferred.run(
+                "idempotency ending",
+                lambda: idempotent.remember(
+                    app, driver.tenant, idempotency_key, driver.run_id, terminal
+                ),
             )
         acct = driver.acct
         prompt = acct.usage.prompt_tokens if acct.usage else prompt_guess
         if admission is not None:
-            await app[QUOTAS].release(admission, prompt + acct.generated_tokens)
-        terminal = driver.terminal
+            used = prompt + acct.generated_tokens
+            await deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
         status = terminal.status if terminal else RunStatus.FAILED
         await app[LEDGER].append(
             UsageRecord(

@@ -36,6 +36,11 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenants", help="tenants TOML file")
     p.add_argument("--redis-url", help="Redis for state shared by replicas")
     p.add_argument("--redis-prefix", help="key prefix in Redis (default 'sluice:')")
+    p.add_argument(
+        "--redis-outage-grace",
+        type=float,
+        help="seconds live runs ride out a Redis outage before ending (default 30)",
+    )
     p.add_argument("--disconnect-grace", type=float, help="seconds a run outlives its client")
     p.add_argument("--queue-timeout", type=float, help="seconds to wait for admission (0: none)")
     p.add_argument("--ttft-timeout", type=float, help="seconds to the first token (0: none)")

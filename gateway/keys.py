@@ -10,8 +10,10 @@ from adapters.catalog import Catalog
 from gateway.backend_health import BackendHealth
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
+from gateway.redis_client import SharedRedis
 from gateway.runs.manager import RunManager
 from gateway.settings import Settings
+from gateway.store_health import DeferredWrites
 from policies.auth import Authenticator, Principal
 from policies.idempotency import IdempotencyStore
 from policies.quotas import QuotaStore
@@ -27,6 +29,8 @@ RUNS = web.AppKey("runs", RunManager)
 QUOTAS = web.AppKey("quotas", QuotaStore)
 IDEMPOTENCY = web.AppKey("idempotency", IdempotencyStore)
 LEDGER = web.AppKey("ledger", UsageLedger)
+REDIS = web.AppKey("redis", SharedRedis)  # only with --redis-url
+DEFERRED = web.AppKey("deferred", DeferredWrites)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

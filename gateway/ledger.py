@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+import structlog
 from redis.asyncio import Redis
+
+from gateway.redis_client import REDIS_ERRORS
+from gateway.runs.store import StoreUnavailable
+
+log = structlog.get_logger("sluice.ledger")
 
 STATUSES = ("completed", "cancelled", "timed_out", "failed")
 
@@ -74,10 +80,11 @@ def _wanted(record: UsageRecord, since: float | None, tenant: str | None) -> boo
     )
 
 
-def default_usage_file() -> Path:
-    """Where the JSONL ledger lives unless told otherwise: the user's state folder."""
+def default_usage_file(redis: bool = False) -> Path:
+    """Where the JSONL ledger lives unless told otherwise: the user's state folder. With Redis
+    the file only holds what was written while Redis was away, under its own name."""
     state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(state) / "sluicegate" / "usage.jsonl"
+    return Path(state) / "sluicegate" / ("usage-fallback.jsonl" if redis else "usage.jsonl")
 
 
 class JsonlLedger:
@@ -140,34 +147,62 @@ class RedisLedger:
     Entry ids are Redis's clock at append time, which is at or after the run's end. A read
     starts `CLOCK_SKEW` seconds before `since`, so a gateway clock ahead of Redis's loses
     nothing, and then filters on each record's own `ended_at`.
+
+    A record that cannot reach Redis (it is away) goes to the `fallback` JSONL ledger on this
+    host instead, so no run goes unbilled; `read` returns those too (each run once).
     """
 
     CLOCK_SKEW = 60.0
     PAGE = 1000
 
-    def __init__(self, redis: Redis, prefix: str = "sluice:", maxlen: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str = "sluice:",
+        maxlen: int = 1_000_000,
+        fallback: JsonlLedger | None = None,
+    ) -> None:
         self.redis = redis  # owned by the caller, who closes it
         self.key = f"{prefix}usage"
         self.maxlen = maxlen
+        self.fallback = fallback
 
     async def append(self, record: UsageRecord) -> None:
-        await self.redis.xadd(
-            self.key, {"r": record.to_json()}, maxlen=self.maxlen, approximate=True
-        )
+        try:
+            await self.redis.xadd(
+                self.key, {"r": record.to_json()}, maxlen=self.maxlen, approximate=True
+            )
+        except (StoreUnavailable, *REDIS_ERRORS) as exc:
+            if self.fallback is None:
+                raise
+            await self.fallback.append(record)
+            log.warning(
+                "usage record kept in the fallback file: redis is away",
+                run_id=record.run_id,
+                path=str(self.fallback.path),
+                error=type(exc).__name__,
+            )
 
     async def read(
         self, since: float | None = None, tenant: str | None = None
     ) -> AsyncIterator[UsageRecord]:
+        seen: set[str] = set()
         start = "-" if since is None else str(max(0, int((since - self.CLOCK_SKEW) * 1000)))
         while entries := await self.redis.xrange(self.key, min=start, max="+", count=self.PAGE):
             for _, fields in entries:
                 record = UsageRecord.from_json(fields[b"r"])
                 if _wanted(record, since, tenant):
+                    seen.add(record.run_id)
                     yield record
             start = "(" + entries[-1][0].decode()
+        if self.fallback is not None:
+            async for record in self.fallback.read(since, tenant):
+                if record.run_id not in seen:
+                    yield record
 
     async def close(self) -> None:
-        pass
+        if self.fallback is not None:
+            await self.fallback.close()
 
 
 def totals(records: Iterable[UsageRecord]) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from gateway.admission import quota_limits
-from gateway.errors import APIError, internal_error, invalid_api_key
+from gateway.errors import APIError, internal_error, invalid_api_key, overloaded
 from gateway.keys import (
     AUTH,
     METRICS,
@@ -23,6 +24,7 @@ from gateway.keys import (
     STARTED,
     TENANT,
 )
+from gateway.runs.store import StoreUnavailable
 
 log = structlog.get_logger("sluice.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,6 +55,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         response = _http_error(exc).to_response()
+    except StoreUnavailable as exc:
+        log.warning("state store unavailable", path=request.path, error=str(exc))
+        response = overloaded("The gateway's state store is unreachable; retry shortly.")
+        response = response.to_response()
     except asyncio.CancelledError:
         _count(request, 499)
         raise
@@ -101,7 +107,8 @@ async def add_request_id(request: web.Request, response: web.StreamResponse) -> 
     if rate is None and tenant is not None:
         limits = quota_limits(tenant.limits)
         if limits.rpm or limits.tpm:
-            rate = await request.app[QUOTAS].headers(tenant.name, limits)
+            with contextlib.suppress(StoreUnavailable):  # the answer goes out without them
+                rate = await request.app[QUOTAS].headers(tenant.name, limits)
     if rate:
         for name, value in rate.items():
             response.headers.setdefault(name, value)

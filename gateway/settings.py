@@ -30,6 +30,8 @@ class Settings:
     redis_url: str | None = None
     redis_prefix: str = "sluice:"
     redis_max_connections: int = 256
+    redis_timeout: float = 2.0  # seconds a Redis command may take before Redis counts as away
+    redis_outage_grace: float = 30.0  # live runs ride out a Redis outage this long
     disconnect_grace: float = 10.0
     # deadlines in seconds, 0 = none; each one that fires is its own terminal cause
     queue_timeout: float = 120.0

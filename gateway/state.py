@@ -2,22 +2,25 @@
 
 Without `--redis-url` everything is in-process (one replica) and usage goes to a JSONL file;
 with it, all of it lives in Redis under `--redis-prefix`, so replicas share runs, limits and
-keys exactly, and usage is one Redis Stream.
+keys exactly, and usage is one Redis Stream (with the JSONL file as its fallback while Redis is
+away). How each part rides out a Redis outage is in gateway/store_health.py.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from redis.asyncio import BlockingConnectionPool, Redis
 
-from gateway.keys import IDEMPOTENCY, LEDGER, METRICS, QUOTAS, RUNS, SETTINGS
+from gateway.keys import DEFERRED, IDEMPOTENCY, LEDGER, METRICS, QUOTAS, REDIS, RUNS, SETTINGS
 from gateway.ledger import JsonlLedger, RedisLedger, default_usage_file
+from gateway.redis_client import SharedRedis
 from gateway.runs.manager import RunManager
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_mirrored import MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
+from gateway.store_health import DeferredWrites, StoreHealth
 from policies.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
 from policies.quotas import MemoryQuotaStore
 from policies.quotas_redis import RedisQuotaStore
@@ -25,33 +28,41 @@ from policies.quotas_redis import RedisQuotaStore
 
 async def shared_state(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    redis = None
+    replica = uuid.uuid4().hex[:12]
+    usage_file = JsonlLedger(
+        settings.usage_file or default_usage_file(redis=settings.redis_url is not None)
+    )
+    shared: SharedRedis | None = None
     if settings.redis_url:
-        # NOTE: a blocking pool: under a burst, a command waits for a free connection instead
-        # of failing (the default pool raises past its size).
-        pool = BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections, timeout=10
+        shared = app[REDIS] = SharedRedis(
+            settings.redis_url, settings.redis_max_connections, settings.redis_timeout
         )
-        redis = Redis(connection_pool=pool)
-    if redis is not None:
-        prefix = settings.redis_prefix
+        redis, prefix, health = shared.redis, settings.redis_prefix, shared.health
         store: MemoryRunStore | MirroredRunStore = MirroredRunStore(
-            RedisRunStore(redis, prefix, settings.run_max_events, settings.run_retention)
+            RedisRunStore(
+                redis, prefix, settings.run_max_events, settings.run_retention, replica=replica
+            ),
+            health,
         )
         app[QUOTAS] = RedisQuotaStore(redis, prefix)
         app[IDEMPOTENCY] = RedisIdempotencyStore(redis, prefix)
-        app[LEDGER] = RedisLedger(redis, prefix)
+        app[LEDGER] = RedisLedger(redis, prefix, fallback=usage_file)
     else:
+        health = StoreHealth()  # in-process: always there
         store = MemoryRunStore(settings.run_max_events, settings.run_retention)
         app[QUOTAS] = MemoryQuotaStore()
         app[IDEMPOTENCY] = MemoryIdempotencyStore()
-        app[LEDGER] = JsonlLedger(settings.usage_file or default_usage_file())
+        app[LEDGER] = usage_file
+    deferred = app[DEFERRED] = DeferredWrites(health)
     runs = RunManager(
         store,
         app[METRICS],
         disconnect_grace=settings.disconnect_grace,
         confirm_timeout=settings.cancel_confirm_timeout,
-        lease_ttl=settings.lease_ttl if redis is not None else None,
+        lease_ttl=settings.lease_ttl if shared is not None else None,
+        owner=replica,
+        health=health,
+        outage_grace=settings.redis_outage_grace,
     )
     await runs.open()
     app[RUNS] = runs
@@ -59,8 +70,9 @@ async def shared_state(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await runs.close()  # runs settle into the ledger and quotas: those close after
+        await deferred.close()
         await app[LEDGER].close()
         if isinstance(store, MirroredRunStore):
             await store.close()
-        if redis is not None:
-            await redis.aclose()
+        if shared is not None:
+            await shared.close()

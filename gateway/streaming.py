@@ -12,17 +12,20 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import orjson
+import structlog
 from aiohttp import web
 
 from adapters.to_openai import completion_chunks
 from gateway.backpressure import coalesce
-from gateway.errors import APIError
+from gateway.errors import APIError, internal_error
 from gateway.keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
+from gateway.runs.endings import store_unavailable_error
 from gateway.runs.manager import RunManager
 from gateway.runs.state import RunStatus
-from gateway.runs.store import ResumeWindowExpired, TerminalRecord
+from gateway.runs.store import ResumeWindowExpired, StoreUnavailable, TerminalRecord, UnknownRun
 from gateway.sse import SlowClient, SSEWriter
 
+log = structlog.get_logger("sluice.streaming")
 FOLLOW_BATCH = 512  # most events read from the log at once
 
 # How a non-streaming request answers a run that did not complete.
@@ -65,7 +68,10 @@ async def following(runs: RunManager, run_id: str) -> AsyncIterator[None]:
 async def _detach_after(runs: RunManager, attach: asyncio.Future[None], run_id: str) -> None:
     with contextlib.suppress(Exception):
         await attach
-    await runs.detach(run_id)
+    # NOTE: a count this replica cannot write now is corrected by its next write for the run
+    # (each replica's count is absolute); the stream must end cleanly all the same.
+    with contextlib.suppress(StoreUnavailable, UnknownRun):
+        await runs.detach(run_id)
 
 
 async def stream_run(
@@ -175,6 +181,11 @@ async def _relay(
     except (ConnectionError, asyncio.CancelledError):
         writer.abandon()
         raise
+    except StoreUnavailable:  # away for longer than the outage grace
+        await writer.send_error(store_unavailable_error())
+    except Exception as exc:  # begun: the stream ends with an error frame, never a second body
+        log.error("stream failed", last_seq=writer.last_seq, error=type(exc).__name__)
+        await writer.send_error(internal_error().body()["error"])
     await writer.close()
 
 

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-prefix", help="key prefix in Redis (default 'sluice:')")
     p.add_argument(
         "--usage-file",
-        help=f"the JSONL ledger, when no Redis is named (default {DEFAULT_USAGE_FILE})",
+        help=f"the JSONL ledger (with Redis: what this host kept while Redis was away; "
+        f"default {DEFAULT_USAGE_FILE})",
     )
     return p
 
@@ -80,10 +81,12 @@ async def _rows(ledger: UsageLedger, since: float | None, tenant: str | None) ->
         await ledger.close()
 
 
-async def _read_redis(url: str, prefix: str, args: argparse.Namespace) -> list[dict]:
+async def _read_redis(url: str, prefix: str, fallback: str, args: argparse.Namespace) -> list[dict]:
+    """The Redis Stream, plus the records this host kept in its file while Redis was away."""
     client = Redis.from_url(url)
     try:
-        return await _rows(RedisLedger(client, prefix=prefix), args.since, args.tenant)
+        ledger = RedisLedger(client, prefix=prefix, fallback=JsonlLedger(fallback))
+        return await _rows(ledger, args.since, args.tenant)
     finally:
         await client.aclose()
 
@@ -93,11 +96,13 @@ def main(argv: list[str]) -> int:
     env = os.environ
     redis_url = args.redis_url or env.get("SLUICE_REDIS_URL")
     try:
+        path = args.usage_file or env.get("SLUICE_USAGE_FILE")
         if redis_url:
             prefix = args.redis_prefix or env.get("SLUICE_REDIS_PREFIX") or "sluice:"
-            rows = asyncio.run(_read_redis(redis_url, prefix, args))
+            fallback = path or str(default_usage_file(redis=True))
+            rows = asyncio.run(_read_redis(redis_url, prefix, fallback, args))
         else:
-            path = args.usage_file or env.get("SLUICE_USAGE_FILE") or DEFAULT_USAGE_FILE
+            path = path or DEFAULT_USAGE_FILE
             if not os.path.exists(path):  # an empty table alone would hide a mistyped path
                 print(f"sluice usage: no ledger file at {path}", file=sys.stderr)
             rows = asyncio.run(_rows(JsonlLedger(path), args.since, args.tenant))

@@ -24,6 +24,7 @@ from gateway.http_server import abandon_body
 from gateway.idempotent import idempotency_key
 from gateway.keys import (
     CATALOG,
+    DEFERRED,
     HEALTH,
     MODEL_LABEL,
     PRINCIPAL,
@@ -112,7 +113,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             raise
     except BaseException:
         if key is not None:
-            await asyncio.shield(idempotent.release(request, tenant.name, key, run_id))
+            release = app[DEFERRED].run(
+                "idempotency release", lambda: idempotent.release(request, tenant.name, key, run_id)
+            )
+            await asyncio.shield(release)
         raise
     return await _answer(request, run_id, chat.stream)
 
@@ -135,7 +139,7 @@ async def _admit_and_start(
         )
     except BaseException:
         if admission is not None:  # no run will settle it
-            await app[QUOTAS].release(admission, 0)
+            await app[DEFERRED].run("quota release", lambda: app[QUOTAS].release(admission, 0))
         raise
 
 

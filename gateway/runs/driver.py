@@ -30,7 +30,7 @@ from gateway.errors import from_backend
 from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Decision, RunAccounting
 from gateway.runs.deadlines import Deadlines
-from gateway.runs.endings import ending
+from gateway.runs.endings import STORE_LOST_CAUSE, ending
 from gateway.runs.state import RunStatus
 from gateway.runs.store import LogClosed, RunStore, TerminalRecord
 
@@ -95,6 +95,11 @@ class RunDriver:
         """Stop the run (idempotent); `source` is `client`, `disconnect`, `safety`, …
         False when its fate was already decided."""
         return self._decide(RunStatus.CANCELLED, f"cancel:{source}", source)
+
+    def lose_store(self) -> bool:
+        """The shared store stayed away past its grace: end the run (failed,
+        `store_unavailable`) and stop the upstream; False when its fate was already decided."""
+        return self._decide(RunStatus.FAILED, STORE_LOST_CAUSE, "store")
 
     async def run(self) -> TerminalRecord | None:
         self._started = True

@@ -19,9 +19,11 @@ _MESSAGES = {
     "timeout": "The run exceeded its deadline.",
     "upstream_error": "The model backend failed to process the request.",
     "run_lost": "The gateway replica running this request stopped before it ended.",
+    "store_unavailable": "The gateway's state store stayed unreachable, so the run was stopped.",
 }
 
 LOST_CAUSE = "owner_lost"
+STORE_LOST_CAUSE = "store_unavailable"
 _DEADLINES = {
     "deadline:queue": "waiting for the model (--queue-timeout)",
     "deadline:ttft": "to the first token (--ttft-timeout)",
@@ -31,7 +33,17 @@ _DEADLINES = {
 
 
 def error_code(status: RunStatus, cause: str) -> str:
-    return "run_lost" if cause == LOST_CAUSE else TERMINAL_ERROR_CODE[status]
+    if cause == LOST_CAUSE:
+        return "run_lost"
+    if cause == STORE_LOST_CAUSE:
+        return "store_unavailable"
+    return TERMINAL_ERROR_CODE[status]
+
+
+def store_unavailable_error() -> dict:
+    """The error frame of a stream whose store stayed away past the outage grace."""
+    code = STORE_LOST_CAUSE
+    return {"message": _MESSAGES[code], "type": "server_error", "param": None, "code": code}
 
 
 def ending(

@@ -16,7 +16,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -27,9 +27,11 @@ from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
 from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.state import RunStatus
-from gateway.runs.store import RunRecord, RunStore, TerminalRecord
+from gateway.runs.store import RunRecord, RunStore, StoreUnavailable, TerminalRecord, UnknownRun
+from gateway.store_health import StoreHealth, patiently
 
 log = structlog.get_logger("sluice.runs")
+T = TypeVar("T")
 
 
 def new_run_id() -> str:
@@ -47,14 +49,19 @@ class RunManager:
         confirm_timeout: float = 5.0,
         lease_ttl: float | None = None,
         owner: str | None = None,
+        health: StoreHealth | None = None,
+        outage_grace: float = 30.0,
     ) -> None:
-        """`lease_ttl` None: one replica (in-process store), no leases to keep or check."""
+        """`lease_ttl` None: one replica (in-process store), no leases to keep or check.
+        `health` is the shared store's; its outages past `outage_grace` end the runs here."""
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.disconnect_grace = disconnect_grace
         self.confirm_timeout = confirm_timeout
         self.lease_ttl = lease_ttl
         self.owner = owner or uuid.uuid4().hex[:12]
+        self.health = health or StoreHealth()
+        self.outage_grace = outage_grace
         self.drivers: dict[str, RunDriver] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -67,6 +74,7 @@ class RunManager:
             await self.store.keep_alive(self.owner, self.lease_ttl)
             self._spawn(self._keep_lease(self.lease_ttl))
             self._spawn(self._listen_for_cancels())
+            self._spawn(self._watch_outages())
 
     async def close(self) -> None:
         """Shutdown: stop driving (runs left live elsewhere are failed by the owner lease)."""
@@ -88,8 +96,21 @@ class RunManager:
             await asyncio.sleep(ttl / 3)
             try:
                 await self.store.keep_alive(self.owner, ttl)
-            except Exception as exc:  # the store is down: keep trying, others will judge
-                log.warning("owner lease not renewed", error=type(exc).__name__)
+            except StoreUnavailable:  # renewed the moment the store is back
+                await self.health.back()
+                with contextlib.suppress(StoreUnavailable):
+                    await self.store.keep_alive(self.owner, ttl)
+
+    async def _watch_outages(self) -> None:
+        """A store away for longer than the grace: end the runs driven here (their state can
+        no longer be kept), so no client waits on them for ever."""
+        while True:
+            await asyncio.sleep(min(1.0, self.outage_grace / 4))
+            if self.health.unavailable_for() < self.outage_grace:
+                continue
+            for driver in list(self.drivers.values()):
+                if driver.lose_store():
+                    log.error("run ended: the store stayed away", run_id=driver.run_id)
 
     async def _listen_for_cancels(self) -> None:
         async for run_id, source in self.store.cancel_signals():
@@ -147,6 +168,10 @@ class RunManager:
         record = await self.store.get(run_id)
         if record.status.is_terminal or self.lease_ttl is None or record.owner == self.owner:
             return record
+        # NOTE: right after an outage every owner's lease may have lapsed; each renews its own
+        # as soon as the store is back, so nobody is judged until a lease's time has passed.
+        if self.health.settled_for() < self.lease_ttl:
+            return record
         if await self.store.owner_alive(record.owner):
             return record
         lost, frame = ending(RunStatus.FAILED, LOST_CAUSE)
@@ -173,7 +198,7 @@ class RunManager:
         )
 
     async def followers(self, run_id: str) -> int:
-        return await self.store.add_follower(run_id, 0)
+        return await self.store.followers(run_id)
 
     async def follow(
         self, run_id: str, after: int = 0, limit: int = 0
@@ -181,31 +206,35 @@ class RunManager:
         """Events with seq > after, in order, as they come, until the run has ended and every
         event was read. Raises ResumeWindowExpired if `after` is no longer retained."""
         check_every = None if self.lease_ttl is None else self.lease_ttl / 2
-        events = await self.store.read(run_id, after, limit)
+        events = await self._patiently(self.store.read, run_id, after, limit)
         while True:
             if events:
                 after = events[-1][0]
                 yield events
                 # NOTE: wait first, read after: a live follower then costs one wake-up and one
                 # read per batch the driver appends, not an extra empty read and record fetch.
-                await self._wait(run_id, after, check_every)
-                events = await self.store.read(run_id, after, limit)
+                await self._patiently(self._wait, run_id, after, check_every)
+                events = await self._patiently(self.store.read, run_id, after, limit)
                 continue
-            record = await self.get(run_id)
+            record = await self._patiently(self.get, run_id)
             if record.status.is_terminal and record.last_seq <= after:
                 return
             if record.last_seq <= after:
-                await self._wait(run_id, after, check_every)
-            events = await self.store.read(run_id, after, limit)
+                await self._patiently(self._wait, run_id, after, check_every)
+            events = await self._patiently(self.store.read, run_id, after, limit)
 
     async def result(self, run_id: str) -> TerminalRecord:
         """Wait for the run's terminal record."""
         check_every = None if self.lease_ttl is None else self.lease_ttl / 2
         while True:
-            record = await self.get(run_id)
+            record = await self._patiently(self.get, run_id)
             if record.terminal is not None:
                 return record.terminal
-            await self._wait(run_id, record.last_seq, check_every)
+            await self._patiently(self._wait, run_id, record.last_seq, check_every)
+
+    async def _patiently(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A store call that waits out an outage shorter than the grace."""
+        return await patiently(self.health, self.outage_grace, lambda: call(*args))
 
     async def _wait(self, run_id: str, after: int, within: float | None) -> None:
         if within is None:
@@ -217,9 +246,15 @@ class RunManager:
 
     async def _grace_over(self, run_id: str) -> None:
         self._grace.pop(run_id, None)
-        record = await self.store.get(run_id)
-        if not record.status.is_terminal and await self.followers(run_id) == 0:
-            await self.cancel(run_id, "disconnect")
+        try:
+            record = await self.store.get(run_id)
+            if not record.status.is_terminal and await self.followers(run_id) == 0:
+                await self.cancel(run_id, "disconnect")
+        except StoreUnavailable:  # ask again when the store is back
+            await self.health.back()
+            self._spawn(self._grace_over(run_id))
+        except UnknownRun:
+            pass
 
     def _forget(self, run_id: str) -> None:
         self.drivers.pop(run_id, None)

@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.redis_client import REDIS_ERRORS
+from gateway.runs.store import StoreUnavailable
 
 LINGER = 5.0  # seconds a channel stays subscribed with nobody watching
 _ENDED = float("inf")
@@ -41,7 +43,10 @@ class Notifier:
         async with self._starting:
             if self._pubsub is None:
                 pubsub = self.redis.pubsub()
-                await pubsub.subscribe(self.cancel_channel)
+                try:
+                    await pubsub.subscribe(self.cancel_channel)
+                except REDIS_ERRORS as exc:
+                    raise StoreUnavailable(type(exc).__name__) from exc
                 self._reader = asyncio.create_task(self._read(pubsub), name="redis notify")
                 self._pubsub = pubsub
         return self._pubsub
@@ -53,7 +58,10 @@ class Notifier:
         changed = asyncio.Event()
         waiters = self._waiters.setdefault(channel, set())
         if channel not in self._idle_since and not waiters:
-            await pubsub.subscribe(channel)
+            try:
+                await pubsub.subscribe(channel)
+            except REDIS_ERRORS as exc:
+                raise StoreUnavailable(type(exc).__name__) from exc
         self._idle_since.pop(channel, None)
         waiters.add(changed)
         try:
@@ -96,12 +104,15 @@ class Notifier:
         while True:
             try:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            except RedisConnectionError:
-                await asyncio.sleep(0.5)  # redis-py reconnects and re-subscribes on next use
-                continue
-            if message is not None:
-                self._dispatch(message["channel"].decode(), message["data"])
-            await self._unsubscribe_idle(pubsub)
+                if message is not None:
+                    self._dispatch(message["channel"].decode(), message["data"])
+                await self._unsubscribe_idle(pubsub)
+            except REDIS_ERRORS:
+                # NOTE: redis-py reconnects on the next use and subscribes again to every
+                # channel; what was published meanwhile is missed, which the waiters' poll
+                # interval covers (they look at the record again).
+                self._latest.clear()
+                await asyncio.sleep(0.5)
 
     def _dispatch(self, channel: str, data: bytes) -> None:
         if channel == self.cancel_channel:

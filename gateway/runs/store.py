@@ -25,6 +25,10 @@ class LogClosed(Exception):
     """The run has ended: its event log takes nothing more."""
 
 
+class StoreUnavailable(Exception):
+    """The shared store (Redis) cannot be reached or does not answer in time."""
+
+
 @dataclass(slots=True, frozen=True)
 class TerminalRecord:
     """How a run ended. `cause` separates e.g. the deadlines (`deadline:ttft`) or cancel sources
@@ -96,7 +100,11 @@ class RunStore(Protocol):
         `asyncio.timeout` to check on the run's owner meanwhile)."""
 
     async def add_follower(self, run_id: str, delta: int) -> int:
-        """Count a follower in (+1) or out (-1), across replicas; returns the count now."""
+        """Count one of this replica's followers in (+1) or out (-1); returns the followers
+        known to be there now (at least this replica's own)."""
+
+    async def followers(self, run_id: str) -> int:
+        """Every replica's followers of the run, as the store knows them now."""
 
     async def signal_cancel(self, run_id: str, source: str) -> None:
         """Ask the replica that drives the run to cancel it."""

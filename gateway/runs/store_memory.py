@@ -134,6 +134,18 @@ class MemoryRunStore:
         entry.followers = max(0, entry.followers + delta)
         return entry.followers
 
+    async def followers(self, run_id: str) -> int:
+        return self._entry(run_id).followers
+
+    def followers_now(self, run_id: str) -> int:
+        entry = self._runs.get(run_id)
+        return entry.followers if entry is not None else 0
+
+    def snapshot(self, run_id: str) -> tuple[RunRecord, list[tuple[int, bytes]]]:
+        """The run's record and the events it keeps, as they are now."""
+        entry = self._entry(run_id)
+        return entry.record, list(entry.events)
+
     async def signal_cancel(self, run_id: str, source: str) -> None:
         return None  # one replica: the run manager cancels its own runs directly
 

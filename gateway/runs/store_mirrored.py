@@ -1,76 +1,87 @@
 """The Redis run store with a local mirror of the runs this replica drives.
 
-Every event of a run is written to Redis (other replicas resume and watch from there), and the
-owner keeps the same events in process memory as well, so its own followers — nearly all of
-them: a stream is usually read where it was started — read and wake without a round trip. A
-follower on another replica, or of a run this replica does not drive, reads Redis.
+Other replicas resume and watch a run from Redis; the owner keeps the run in process memory as
+well and treats that as the truth for it: its followers (nearly all of them: a stream is
+usually read where it was started) read and wake without a round trip, and every change it makes
+(events, status, the ending, its follower count) is applied to the mirror at once and reaches
+Redis a few milliseconds later through the write-behind (`redis_writes`). So a Redis outage
+does not touch a live run here: the writes wait and go out when Redis is back, and only an
+outage past the grace ends the run (the run manager's doing, DESIGN §4).
 
 The mirror holds the same seq numbers as Redis because the owner is the only writer of its runs'
-logs; the owner's appends reach Redis a few milliseconds later, in batches (`redis_appends`).
-The exception is another replica ending a run whose owner it took for dead: the owner learns it
-when a write is refused, and then drops its mirror of that run, so its followers go to Redis for
-the rest, and its next append fails as on a closed log.
+logs. The exception is another replica ending a run whose owner it took for dead: the owner
+learns it when a write is refused, and then drops its mirror of that run, so its followers go to
+Redis for the rest, and its next append fails as on a closed log.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.runs.redis_appends import AppendBuffer
+from gateway.runs.redis_writes import WriteBehind
 from gateway.runs.state import RunStatus
 from gateway.runs.store import LogClosed, RunRecord, TerminalRecord, UnknownRun
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_redis import RedisRunStore
+from gateway.store_health import StoreHealth
 
 MIRROR_RETENTION = 30.0  # seconds an ended run stays mirrored (later resumes read Redis)
 
 
 class MirroredRunStore:
-    def __init__(self, shared: RedisRunStore) -> None:
+    def __init__(self, shared: RedisRunStore, health: StoreHealth | None = None) -> None:
         self.shared = shared
+        self.health = health or StoreHealth()
         retention = min(MIRROR_RETENTION, shared.retention)
         self.local = MemoryRunStore(shared.max_events, retention=retention)
-        self.appends = AppendBuffer(shared, self._ended_elsewhere)
-        self._refused: set[str] = set()  # runs whose events Redis refused
+        self.writes = WriteBehind(shared, self.health, self._snapshot, self._ended_elsewhere)
+        self._refused: set[str] = set()  # runs whose writes Redis refused
 
     async def close(self) -> None:
-        await self.appends.close()
+        await self.writes.close()
         await self.shared.close()
 
     def _ended_elsewhere(self, run_id: str) -> None:
         self._refused.add(run_id)
         self.local.discard(run_id)  # the mirror lacks that ending: followers go to Redis
 
+    def _snapshot(self, run_id: str) -> tuple[RunRecord, list[tuple[int, bytes]], int] | None:
+        if not self.local.has(run_id):
+            return None
+        record, events = self.local.snapshot(run_id)
+        return record, events, self.local.followers_now(run_id)
+
     async def create(self, record: RunRecord) -> None:
-        await self.shared.create(record)
+        await self.shared.create(record)  # refused at once while Redis is away: a 503
         await self.local.create(RunRecord(**{f: getattr(record, f) for f in _FIELDS}))
 
     async def get(self, run_id: str) -> RunRecord:
         if self.local.has(run_id):
-            record = await self.local.get(run_id)
-            if record.status.is_terminal:  # a terminal record never changes: no trip to Redis
-                return record
-        return await self.shared.get(run_id)  # the truth, for status and the owner lease
+            return await self.local.get(run_id)  # the owner's record is the truth
+        return await self.shared.get(run_id)
 
     async def advance(self, run_id: str, status: RunStatus) -> bool:
-        moved = await self.shared.advance(run_id, status)
-        if moved and self.local.has(run_id):
-            await self.local.advance(run_id, status)
+        if not self.local.has(run_id):
+            return await self.shared.advance(run_id, status)
+        moved = await self.local.advance(run_id, status)
+        if moved:
+            self.writes.advance(run_id, status)
         return moved
 
     async def finish(
         self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
     ) -> bool:
-        await self.appends.settle(run_id)  # the final event's seq follows every earlier one
-        won = await self.shared.finish(run_id, terminal, final)
-        self._refused.discard(run_id)
         if not self.local.has(run_id):
-            return won
-        if won:
-            await self.local.finish(run_id, terminal, final)
-        else:
-            self.local.discard(run_id)  # ended elsewhere: the mirror lacks that ending
-        return won
+            return await self.shared.finish(run_id, terminal, final)
+        before = (await self.local.get(run_id)).last_seq
+        if not await self.local.finish(run_id, terminal, final):
+            return False
+        self.writes.finish(run_id, terminal, final, before + 1 if final is not None else 0)
+        # NOTE: with Redis up, the ending is there before anyone hears of it (other replicas
+        # see what this one's followers see); with Redis away it waits in the queue.
+        await self.writes.settle(run_id)
+        self.writes.forget(run_id)
+        return run_id not in self._refused
 
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
         if run_id in self._refused:
@@ -78,7 +89,7 @@ class MirroredRunStore:
         if not self.local.has(run_id):  # not driven here (or no longer mirrored)
             return await self.shared.append(run_id, payloads)
         seq = await self.local.append(run_id, payloads)
-        self.appends.add(run_id, payloads)
+        self.writes.append(run_id, seq - len(payloads) + 1, payloads)
         return seq
 
     async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
@@ -98,7 +109,19 @@ class MirroredRunStore:
         await self.shared.wait(run_id, after)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
-        return await self.shared.add_follower(run_id, delta)
+        if not self.local.has(run_id):
+            return await self.shared.add_follower(run_id, delta)
+        count = await self.local.add_follower(run_id, delta)
+        self.shared.count_locally(run_id, count)
+        self.writes.followers(run_id, count)
+        return count
+
+    async def followers(self, run_id: str) -> int:
+        """Every replica's followers: Redis's sum once this replica's count is there; while
+        Redis is away, this replica's own (nobody can follow elsewhere then)."""
+        if self.local.has(run_id) and not await self.writes.settle(run_id):
+            return self.local.followers_now(run_id)
+        return await self.shared.followers(run_id)
 
     async def signal_cancel(self, run_id: str, source: str) -> None:
         await self.shared.signal_cancel(run_id, source)

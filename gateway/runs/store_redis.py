@@ -32,35 +32,53 @@ TERMINAL = int(RunStatus.COMPLETED)
 _POLL = 0.5  # seconds between re-reads while waiting (a missed publish costs at most this)
 _ENDED = float("inf")  # a finished run: every `after` is behind it
 
-# KEYS: run hash, events stream, notify channel; ARGV: max_events, payload...
+# NOTE: appends and the ending name their seq numbers (0: "the next ones"), and skip any the log
+# already has, so the owner's write-behind can send a batch again after a lost connection
+# without doubling events. KEYS: run hash, events stream, notify channel
+# ARGV: max_events, first seq (0: next), payload...
 _APPEND = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
 if tonumber(status) >= TERMINAL then return -2 end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
-for i = 2, #ARGV do
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
+local seq = tonumber(ARGV[2]) - 1
+if seq < 0 then seq = last end
+for i = 3, #ARGV do
   seq = seq + 1
-  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], seq .. '-0', 'd', ARGV[i])
+  if seq > last then
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], seq .. '-0', 'd', ARGV[i])
+  end
 end
-redis.call('HSET', KEYS[1], 'last_seq', seq)
-redis.call('PUBLISH', KEYS[3], seq)
+if seq > last then
+  redis.call('HSET', KEYS[1], 'last_seq', seq)
+  redis.call('PUBLISH', KEYS[3], seq)
+end
 return seq
 """.replace("TERMINAL", str(TERMINAL))
 
-# KEYS: run hash, events stream, notify channel
-# ARGV: status, terminal json, retention ms, max_events[, final payload]
+# The one terminal transition; a repeat of the same ending (a write-behind retry) is its win.
+# KEYS: run hash, events stream, notify channel, followers hash
+# ARGV: status, terminal json, retention ms, max_events[, final seq (0: next), final payload]
 _FINISH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
-if tonumber(status) >= TERMINAL then return 0 end
-if #ARGV >= 5 then
-  local seq = tonumber(redis.call('HGET', KEYS[1], 'last_seq')) + 1
-  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], seq .. '-0', 'd', ARGV[5])
-  redis.call('HSET', KEYS[1], 'last_seq', seq)
+if tonumber(status) >= TERMINAL then
+  if redis.call('HGET', KEYS[1], 'terminal') == ARGV[2] then return 1 end
+  return 0
+end
+if #ARGV >= 6 then
+  local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
+  local seq = tonumber(ARGV[5])
+  if seq == 0 then seq = last + 1 end
+  if seq > last then
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], seq .. '-0', 'd', ARGV[6])
+    redis.call('HSET', KEYS[1], 'last_seq', seq)
+  end
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'terminal', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[4], ARGV[3])
 redis.call('PUBLISH', KEYS[3], 'end')
 return 1
 """.replace("TERMINAL", str(TERMINAL))
@@ -75,6 +93,21 @@ if status >= TERMINAL or new >= TERMINAL or new <= status then return 0 end
 redis.call('HSET', KEYS[1], 'status', new)
 return 1
 """.replace("TERMINAL", str(TERMINAL))
+
+# A replica's own follower count, absolute (so a retry cannot count twice); returns the sum
+# over replicas. KEYS: run hash, followers hash; ARGV: replica, count, ttl s
+_FOLLOWERS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+  if redis.call('TTL', KEYS[2]) < 0 then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+local total = 0
+for _, n in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(n) end
+return total
+"""
 
 
 def _terminal_json(t: TerminalRecord) -> bytes:
@@ -93,26 +126,30 @@ class RedisRunStore:
         max_events: int = 4096,
         retention: float = 600.0,
         live_ttl: float = 86400.0,
+        replica: str = "",
     ) -> None:
+        """`replica` names this gateway replica: its followers are counted under it."""
         self.redis = redis
         self.prefix = prefix
         self.max_events = max_events
         self.retention = retention
         self.live_ttl = int(live_ttl)
+        self.replica = replica or "replica"
         self._append = redis.register_script(_APPEND)
         self._finish = redis.register_script(_FINISH)
         self._advance = redis.register_script(_ADVANCE)
+        self._followers_script = redis.register_script(_FOLLOWERS)
+        self._followers: dict[str, int] = {}  # this replica's followers per run
         self.notifier = Notifier(redis, f"{prefix}cancel")
 
     def _keys(self, run_id: str) -> list[str]:
         base = f"{self.prefix}run:{run_id}"
-        return [base, f"{base}:events", f"{base}:notify"]
+        return [base, f"{base}:events", f"{base}:notify", f"{base}:followers"]
 
     async def close(self) -> None:
         await self.notifier.close()
 
-    async def create(self, record: RunRecord) -> None:
-        key = self._keys(record.run_id)[0]
+    def record_fields(self, record: RunRecord) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "tenant": record.tenant,
             "model": record.model,
@@ -121,15 +158,33 @@ class RedisRunStore:
             "status": int(record.status),
             "last_seq": 0,
             "owner": record.owner,
-            "followers": 0,
             "meta": orjson.dumps(record.meta),
         }
+        if record.terminal is not None:
+            fields["terminal"] = _terminal_json(record.terminal)
+        return fields
+
+    async def create(self, record: RunRecord) -> None:
+        key = self._keys(record.run_id)[0]
         if not await self.redis.hsetnx(key, "status", int(record.status)):
             raise ValueError(f"run {record.run_id} exists")
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)
+            pipe.hset(key, mapping=self.record_fields(record))
             pipe.expire(key, self.live_ttl)
             await pipe.execute()
+
+    def queue_restore(self, pipe: Any, record: RunRecord, events: list[tuple[int, bytes]]) -> None:
+        """Queue writing a run back whole (Redis lost it, restarted empty): its record as the
+        owner has it, and the events it still keeps (their own seq numbers)."""
+        key, stream, _, _ = self._keys(record.run_id)
+        fields = self.record_fields(record) | {"last_seq": events[-1][0] if events else 0}
+        pipe.delete(key, stream)
+        for seq, payload in events:
+            pipe.xadd(stream, {"d": payload}, id=f"{seq}-0", maxlen=self.max_events)
+        pipe.hset(key, mapping=fields)
+        ttl = self.retention if record.status.is_terminal else self.live_ttl
+        pipe.expire(key, max(1, int(ttl)))
+        pipe.expire(stream, max(1, int(ttl)))
 
     async def get(self, run_id: str) -> RunRecord:
         raw = await self.redis.hgetall(self._keys(run_id)[0])
@@ -150,29 +205,46 @@ class RedisRunStore:
         )
 
     async def advance(self, run_id: str, status: RunStatus) -> bool:
-        result = await self._advance(keys=self._keys(run_id)[:1], args=[int(status)])
+        result = await self.queue_advance(self.redis, run_id, status)
         if result == -1:
             raise UnknownRun(run_id)
         return result == 1
+
+    def queue_advance(self, client: Any, run_id: str, status: RunStatus) -> Any:
+        """The advance script on `client` (the client itself, or a pipeline to queue it in)."""
+        return self._advance(keys=self._keys(run_id)[:1], args=[int(status)], client=client)
 
     async def finish(
         self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
     ) -> bool:
-        retention_ms = max(1, round(self.retention * 1000))
-        args = [int(terminal.status), _terminal_json(terminal), retention_ms, self.max_events]
-        if final is not None:
-            args.append(final)
-        result = await self._finish(keys=self._keys(run_id), args=args)
+        result = await self.queue_finish(self.redis, run_id, terminal, final)
         if result == -1:
             raise UnknownRun(run_id)
         return result == 1
 
-    async def queue_append(self, pipe: Any, run_id: str, payloads: list[bytes]) -> None:
-        """Queue an append in a pipeline; its result is what `append`'s script returns."""
-        await self._append(keys=self._keys(run_id), args=[self.max_events, *payloads], client=pipe)
+    def queue_finish(
+        self,
+        client: Any,
+        run_id: str,
+        terminal: TerminalRecord,
+        final: bytes | None = None,
+        final_seq: int = 0,
+    ) -> Any:
+        retention_ms = max(1, round(self.retention * 1000))
+        args = [int(terminal.status), _terminal_json(terminal), retention_ms, self.max_events]
+        if final is not None:
+            args += [final_seq, final]
+        return self._finish(keys=self._keys(run_id), args=args, client=client)
+
+    def queue_append(
+        self, client: Any, run_id: str, payloads: list[bytes], first_seq: int = 0
+    ) -> Any:
+        """The append script; `first_seq` numbers the payloads (0: after the last one)."""
+        args = [self.max_events, first_seq, *payloads]
+        return self._append(keys=self._keys(run_id)[:3], args=args, client=client)
 
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
-        result = await self._append(keys=self._keys(run_id), args=[self.max_events, *payloads])
+        result = await self.queue_append(self.redis, run_id, payloads)
         if result == -1:
             raise UnknownRun(run_id)
         if result == -2:
@@ -180,7 +252,7 @@ class RedisRunStore:
         return int(result)
 
     async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
-        key, events, _ = self._keys(run_id)
+        key, events, _, _ = self._keys(run_id)
         count = limit if limit > 0 else None
         entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
         if not entries:
@@ -197,7 +269,7 @@ class RedisRunStore:
         return [(int(eid.split(b"-")[0]), fields[b"d"]) for eid, fields in entries]
 
     async def wait(self, run_id: str, after: int) -> None:
-        key, _, channel = self._keys(run_id)
+        key, _, channel, _ = self._keys(run_id)
         notifier = self.notifier
         async with notifier.watching(channel) as changed:
             while True:
@@ -221,10 +293,31 @@ class RedisRunStore:
                     notifier.forget(channel)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
-        key = self._keys(run_id)[0]
-        if not await self.redis.exists(key):
+        count = max(0, self._followers.get(run_id, 0) + delta)
+        total = await self.queue_followers(self.redis, run_id, count)
+        if total == -1:
             raise UnknownRun(run_id)
-        return max(0, int(await self.redis.hincrby(key, "followers", delta)))
+        self.count_locally(run_id, count)
+        return int(total)
+
+    def count_locally(self, run_id: str, count: int) -> None:
+        if count:
+            self._followers[run_id] = count
+        else:
+            self._followers.pop(run_id, None)
+
+    def local_followers(self, run_id: str) -> int:
+        return self._followers.get(run_id, 0)
+
+    def queue_followers(self, client: Any, run_id: str, count: int) -> Any:
+        """Set this replica's follower count of the run; the script returns every replica's."""
+        key, _, _, followers = self._keys(run_id)
+        return self._followers_script(
+            keys=[key, followers], args=[self.replica, count, self.live_ttl], client=client
+        )
+
+    async def followers(self, run_id: str) -> int:
+        return await self.add_follower(run_id, 0)
 
     async def signal_cancel(self, run_id: str, source: str) -> None:
         await self.redis.publish(self.notifier.cancel_channel, f"{run_id} {source}")

@@ -162,13 +162,13 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner(re
     try:
         run = await new_run(owner)
         await owner.append(run, [b"a"])
-        await owner.appends.settle(run)  # in Redis now, as it is a few ms after any append
+        await owner.writes.settle(run)  # in Redis now, as it is a few ms after any append
         waiter = asyncio.create_task(owner.wait(run, 1))
         await asyncio.sleep(0.01)
         lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
         assert await other.finish(run, lost, b"lost-frame")  # it took the owner for dead
         await owner.append(run, [b"late"])  # taken locally; Redis refuses it on the way
-        await owner.appends.settle(run)
+        await owner.writes.settle(run)
         with pytest.raises(LogClosed):
             await owner.append(run, [b"later"])  # the owner knows now
         await asyncio.wait_for(waiter, 2)

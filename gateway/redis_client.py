@@ -1,0 +1,114 @@
+"""The gateway's one Redis client, and how it behaves when Redis goes away.
+
+Every command and pipeline goes through `GatewayRedis`, so there is one place that turns a lost
+or hung Redis into `StoreUnavailable` (which the error middleware answers 503 `overloaded` with
+retry-after) and tells `StoreHealth`. A pooled connection that went stale (Redis restarted)
+fails on its first use: that command is retried once on a fresh connection, so a restart costs
+no request. Commands time out after `timeout` seconds, so a hung Redis (SIGSTOP, a partition) is
+an error in seconds, not a stall.
+
+While Redis is unavailable a prober pings it every half second; `StoreHealth` says since when it
+has been away, which is what the outage grace (`--redis-outage-grace`) is measured against, and
+wakes whoever waits for it to come back (the write-behind of run events, deferred writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.runs.store import StoreUnavailable
+from gateway.store_health import PROBE_EVERY, StoreHealth
+
+log = structlog.get_logger("sluice.redis")
+
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class _GatewayPipeline(Pipeline):
+    health: StoreHealth
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return await super().execute(raise_on_error)
+        except REDIS_ERRORS as exc:
+            self.health.failed()
+            raise StoreUnavailable(type(exc).__name__) from exc
+
+
+class GatewayRedis(Redis):
+    """redis.asyncio.Redis whose failures to reach Redis are `StoreUnavailable`."""
+
+    health: StoreHealth
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **options)
+        except REDIS_ERRORS as exc:
+            self.health.failed()
+            raise StoreUnavailable(type(exc).__name__) from exc
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = _GatewayPipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+        pipe.health = self.health
+        return pipe
+
+
+class SharedRedis:
+    """The client, its health, and the prober that notices when Redis is back."""
+
+    def __init__(self, url: str, max_connections: int = 256, timeout: float = 2.0) -> None:
+        # NOTE: a blocking pool: under a burst, a command waits for a free connection instead of
+        # failing (the default pool raises past its size). One retry, on a connection error
+        # only: a stale pooled connection fails before anything reached the new server.
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout * 2,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, (RedisConnectionError,)),
+        )
+        self.timeout = timeout
+        self.health = StoreHealth()
+        self.redis = GatewayRedis(connection_pool=pool)
+        self.redis.health = self.health
+        self.health.on_failure = self._start_probing
+        self._prober: asyncio.Task[None] | None = None
+
+    async def ping(self) -> bool:
+        """Whether Redis answers now (bounded by the command timeout)."""
+        try:
+            await self.redis.ping()
+        except StoreUnavailable:
+            return False
+        self.health.recovered()
+        return True
+
+    def _start_probing(self) -> None:
+        if self._prober is None or self._prober.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to probe for
+                self._prober = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        while not self.health.available:
+            await asyncio.sleep(PROBE_EVERY)
+            await self.ping()
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+        await self.redis.aclose()
