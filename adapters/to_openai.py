@@ -100,11 +100,16 @@ class ChunkRenderer:
 
 
 class CompletionBuilder:
-    """Accumulates events into one non-streaming `chat.completion` object."""
+    """Accumulates events into one non-streaming `chat.completion`, as JSON bytes.
+
+    NOTE: logprobs are kept as the JSON they become (each event's list serialised once), not
+    as Python dicts: a request for 16 choices of 900 tokens with 20 top logprobs each is a few
+    hundred thousand entries, about five times the memory as objects.
+    """
 
     def __init__(self, n: int) -> None:
         self._text: list[list[str]] = [[] for _ in range(n)]
-        self._logprobs: list[list[dict[str, Any]] | None] = [None] * n
+        self._logprobs: list[list[bytes] | None] = [None] * n  # each: a list's inner JSON
         self._tool_calls: list[dict[int, dict[str, Any]]] = [{} for _ in range(n)]
         self._finish: list[str | None] = [None] * n
         self.usage: Usage | None = None
@@ -113,7 +118,11 @@ class CompletionBuilder:
         if type(event) is TextDelta:
             self._text[event.index].append(event.text)
             if event.logprobs is not None:
-                self._logprobs[event.index] = (self._logprobs[event.index] or []) + event.logprobs
+                kept = self._logprobs[event.index]
+                if kept is None:
+                    kept = self._logprobs[event.index] = []
+                if event.logprobs:
+                    kept.append(orjson.dumps(event.logprobs)[1:-1])
         elif type(event) is ToolCallDelta:
             calls = self._tool_calls[event.index]
             call = calls.setdefault(
@@ -130,7 +139,10 @@ class CompletionBuilder:
         elif type(event) is Usage:
             self.usage = event
 
-    def build(self, completion_id: str, model: str, created: int) -> dict[str, Any]:
+    def finish_reason(self, index: int = 0) -> str:
+        return self._finish[index] or "stop"
+
+    def build(self, completion_id: str, model: str, created: int) -> bytes:
         choices = []
         for i, parts in enumerate(self._text):
             calls = [self._tool_calls[i][k] for k in sorted(self._tool_calls[i])]
@@ -138,30 +150,36 @@ class CompletionBuilder:
             if calls:
                 message["tool_calls"] = calls
                 message["content"] = message["content"] or None
-            logprobs = self._logprobs[i]
+            kept = self._logprobs[i]
+            logprobs = None
+            if kept is not None:
+                logprobs = {"content": orjson.Fragment(b"[" + b",".join(kept) + b"]")}
             choices.append(
                 {
                     "index": i,
                     "message": message,
-                    "logprobs": None if logprobs is None else {"content": logprobs},
-                    "finish_reason": self._finish[i] or "stop",
+                    "logprobs": logprobs,
+                    "finish_reason": self.finish_reason(i),
                 }
             )
         usage = self.usage or Usage(0, 0)
-        return {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-            "usage": usage_dict(usage),
-        }
+        return orjson.dumps(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage_dict(usage),
+            }
+        )
 
 
-def completion_chunks(completion: dict[str, Any], include_usage: bool = False) -> list[bytes]:
-    """A finished `chat.completion` as the chunks of a stream, for replaying a run whose own
-    events are no longer kept: per choice its role, all its content (and tool calls), its
-    finish; then the usage chunk when asked for."""
+def completion_chunks(raw: bytes, include_usage: bool = False) -> list[bytes]:
+    """A finished `chat.completion` (its JSON) as the chunks of a stream, for replaying a run
+    whose own events are no longer kept: per choice its role, all its content (and tool calls),
+    its finish; then the usage chunk when asked for."""
+    completion = orjson.loads(raw)
     renderer = ChunkRenderer(completion["id"], completion["model"], completion["created"])
     chunks: list[bytes] = []
     for choice in completion["choices"]:

@@ -48,6 +48,14 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, help="seconds for a whole run (0: none)")
     p.add_argument("--slow-client-timeout", type=float, help="detach a stream unwritable this long")
     p.add_argument("--run-retention", type=float, help="seconds an ended run stays resumable")
+    p.add_argument(
+        "--run-retention-bytes",
+        type=int,
+        help="bytes ended runs may hold in memory together (default 256 MiB; oldest go first)",
+    )
+    p.add_argument(
+        "--redis-timeout", type=float, help="seconds a Redis command may take (default 2)"
+    )
     p.add_argument("--idempotency-ttl", type=float, help="seconds an Idempotency-Key lives (24 h)")
     p.add_argument("--usage-file", help="JSONL usage ledger when there is no Redis")
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")

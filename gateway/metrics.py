@@ -166,6 +166,13 @@ class GatewayMetrics:
             ["member"],
             registry=r,
         )
+        self.retained_bytes = Gauge(
+            "sluice_retained_bytes",
+            "Bytes held in this process for runs (their events and endings, live and ended) "
+            "and for the endings kept with idempotency keys.",
+            ["what"],
+            registry=r,
+        )
         self.idempotent_replays = Counter(
             "sluice_idempotent_replays_total",
             "Requests answered from the run an earlier request with the same key started.",

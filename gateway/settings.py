@@ -42,6 +42,9 @@ class Settings:
     cancel_confirm_timeout: float = 5.0  # wait this long for the upstream to confirm a stop
     run_retention: float = 600.0  # seconds an ended run can still be retrieved and resumed
     run_max_events: int = 4096  # events kept per run for resume
+    run_max_event_bytes: int = 8 << 20  # and at most this many bytes of them
+    run_retention_bytes: int = 256 << 20  # ended runs kept in memory together (and, apart,
+    # the endings kept with idempotency keys) hold at most this
     lease_ttl: float = 10.0  # with Redis: a replica silent this long has its runs failed
     idempotency_ttl: float = 86400.0  # seconds an Idempotency-Key keeps its run
     usage_file: str | None = None  # the JSONL usage ledger without Redis (default: state dir)

@@ -18,12 +18,22 @@ from gateway.ledger import JsonlLedger, RedisLedger, default_usage_file
 from gateway.redis_client import SharedRedis
 from gateway.runs.manager import RunManager
 from gateway.runs.store_memory import MemoryRunStore
-from gateway.runs.store_mirrored import MirroredRunStore
+from gateway.runs.store_mirrored import MIRROR_RETENTION, MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
+from gateway.settings import Settings
 from gateway.store_health import DeferredWrites, StoreHealth
 from policies.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
 from policies.quotas import MemoryQuotaStore
 from policies.quotas_redis import RedisQuotaStore
+
+
+def _memory_store(settings: Settings, retention: float) -> MemoryRunStore:
+    return MemoryRunStore(
+        settings.run_max_events,
+        retention,
+        max_event_bytes=settings.run_max_event_bytes,
+        retention_bytes=settings.run_retention_bytes,
+    )
 
 
 async def shared_state(app: web.Application) -> AsyncIterator[None]:
@@ -38,20 +48,27 @@ async def shared_state(app: web.Application) -> AsyncIterator[None]:
             settings.redis_url, settings.redis_max_connections, settings.redis_timeout
         )
         redis, prefix, health = shared.redis, settings.redis_prefix, shared.health
+        retention = min(MIRROR_RETENTION, settings.run_retention)
         store: MemoryRunStore | MirroredRunStore = MirroredRunStore(
             RedisRunStore(
                 redis, prefix, settings.run_max_events, settings.run_retention, replica=replica
             ),
             health,
+            _memory_store(settings, retention),
         )
+        app[METRICS].retained_bytes.labels("runs").set_function(store.local.bytes_held)
         app[QUOTAS] = RedisQuotaStore(redis, prefix)
         app[IDEMPOTENCY] = RedisIdempotencyStore(redis, prefix)
         app[LEDGER] = RedisLedger(redis, prefix, fallback=usage_file)
     else:
         health = StoreHealth()  # in-process: always there
-        store = MemoryRunStore(settings.run_max_events, settings.run_retention)
+        store = _memory_store(settings, settings.run_retention)
+        app[METRICS].retained_bytes.labels("runs").set_function(store.bytes_held)
         app[QUOTAS] = MemoryQuotaStore()
-        app[IDEMPOTENCY] = MemoryIdempotencyStore()
+        keys = app[IDEMPOTENCY] = MemoryIdempotencyStore(
+            max_answer_bytes=settings.run_retention_bytes
+        )
+        app[METRICS].retained_bytes.labels("idempotency").set_function(lambda: keys.answer_bytes)
         app[LEDGER] = usage_file
     deferred = app[DEFERRED] = DeferredWrites(health)
     runs = RunManager(

@@ -215,8 +215,9 @@ async def respond_with_result(
         request.app[METRICS].disconnects.inc()
         raise
     if terminal.status is RunStatus.COMPLETED and terminal.completion is not None:
-        body = orjson.dumps(terminal.completion)
-        return web.Response(body=body, content_type="application/json", headers=headers)
+        return web.Response(
+            body=terminal.completion, content_type="application/json", headers=headers
+        )
     error = terminal_error(terminal)
     error.headers.update(headers or {})
     raise error
@@ -237,8 +238,9 @@ async def respond_with_ending(
         error.headers.update(headers or {})
         raise error
     if not stream:
-        body = orjson.dumps(terminal.completion)
-        return web.Response(body=body, content_type="application/json", headers=headers)
+        return web.Response(
+            body=terminal.completion, content_type="application/json", headers=headers
+        )
     payloads = completion_chunks(terminal.completion, include_usage) if terminal.completion else []
     if terminal.error is not None:
         payloads.append(orjson.dumps({"error": terminal.error}))

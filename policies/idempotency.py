@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,7 +48,7 @@ class Claim:
     fingerprint: str
     created: float
     fresh: bool  # True: this call created it; False: it already existed
-    answer: dict | None = None  # the run's final object, once remembered (it outlives the run)
+    answer: bytes | None = None  # the run's ending (JSON), once remembered (it outlives the run)
 
 
 class IdempotencyStore(Protocol):
@@ -62,8 +63,8 @@ class IdempotencyStore(Protocol):
         """Forget the claim, only if it still maps to `run_id`."""
         ...
 
-    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
-        """Keep the run's final object with its claim (same expiry), if it still maps to
+    async def remember(self, tenant: str, key: str, run_id: str, answer: bytes) -> None:
+        """Keep the run's ending (its JSON) with its claim (same expiry), if it still maps to
         `run_id`: repeats after the run itself is gone are answered from it."""
         ...
 
@@ -81,9 +82,14 @@ class _Entry:
 
 class MemoryIdempotencyStore:
     """One replica's claims. Each claim is checked and stored without an await in between, so
-    concurrent tasks see one winner; expired claims are dropped as new ones arrive."""
+    concurrent tasks see one winner; expired claims are dropped as new ones arrive.
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    The endings kept with claims are bounded by `max_answer_bytes`: past it the oldest ending is
+    dropped (its claim stays, so a repeat is still recognised, and told the run is gone)."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.time, max_answer_bytes: int = 256 << 20
+    ) -> None:
         self._clock = clock
         self._entries: dict[tuple[str, str], _Entry] = {}
         # NOTE: TTLs may differ per call, so expiry is not insertion order; a heap of
@@ -91,6 +97,9 @@ class MemoryIdempotencyStore:
         # are stale: they are popped in their turn and drop nothing, as the live entry expires
         # later. The heap holds at most the claims made within one TTL.
         self._expiry: list[tuple[float, tuple[str, str]]] = []
+        self.max_answer_bytes = max_answer_bytes
+        self._answers: OrderedDict[tuple[str, str], int] = OrderedDict()  # oldest first: bytes
+        self.answer_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -100,7 +109,11 @@ class MemoryIdempotencyStore:
             _, scope = heapq.heappop(self._expiry)
             entry = self._entries.get(scope)
             if entry is not None and entry.expires <= now:
-                del self._entries[scope]
+                self._drop(scope)
+
+    def _drop(self, scope: tuple[str, str]) -> None:
+        del self._entries[scope]
+        self.answer_bytes -= self._answers.pop(scope, 0)
 
     async def claim(
         self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
@@ -114,6 +127,8 @@ class MemoryIdempotencyStore:
             c = entry.claim
             return Claim(c.run_id, c.fingerprint, c.created, fresh=False, answer=c.answer)
         claim = Claim(run_id, fingerprint, now, fresh=True)
+        if entry is not None:
+            self._drop(scope)
         self._entries[scope] = _Entry(claim, now + ttl)
         heapq.heappush(self._expiry, (now + ttl, scope))
         return claim
@@ -121,13 +136,24 @@ class MemoryIdempotencyStore:
     async def release(self, tenant: str, key: str, run_id: str) -> None:
         entry = self._entries.get((tenant, key))
         if entry is not None and entry.claim.run_id == run_id:
-            del self._entries[(tenant, key)]
+            self._drop((tenant, key))
 
-    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
-        entry = self._entries.get((tenant, key))
-        if entry is not None and entry.claim.run_id == run_id:
-            c = entry.claim
-            entry.claim = Claim(c.run_id, c.fingerprint, c.created, c.fresh, answer)
+    async def remember(self, tenant: str, key: str, run_id: str, answer: bytes) -> None:
+        scope = (tenant, key)
+        entry = self._entries.get(scope)
+        if entry is None or entry.claim.run_id != run_id:
+            return
+        c = entry.claim
+        entry.claim = Claim(c.run_id, c.fingerprint, c.created, c.fresh, answer)
+        self.answer_bytes += len(answer) - self._answers.pop(scope, 0)
+        self._answers[scope] = len(answer)
+        while self.answer_bytes > self.max_answer_bytes and self._answers:
+            oldest, size = self._answers.popitem(last=False)
+            self.answer_bytes -= size
+            kept = self._entries[oldest].claim
+            self._entries[oldest].claim = Claim(
+                kept.run_id, kept.fingerprint, kept.created, kept.fresh, None
+            )
 
 
 # KEYS: claim key; ARGV: claim json, ttl ms. Returns {1, json} when stored, {0, stored json}.
@@ -189,11 +215,11 @@ class RedisIdempotencyStore:
             keys=[self._key(tenant, key)], args=[value, max(1, round(ttl * 1000))]
         )
         d = orjson.loads(stored)
-        answer = orjson.loads(d["answer"]) if "answer" in d else None
+        answer = d["answer"].encode() if "answer" in d else None
         return Claim(d["run_id"], d["fingerprint"], d["created"], fresh=fresh == 1, answer=answer)
 
     async def release(self, tenant: str, key: str, run_id: str) -> None:
         await self._release(keys=[self._key(tenant, key)], args=[run_id])
 
-    async def remember(self, tenant: str, key: str, run_id: str, answer: dict) -> None:
-        await self._remember(keys=[self._key(tenant, key)], args=[run_id, orjson.dumps(answer)])
+    async def remember(self, tenant: str, key: str, run_id: str, answer: bytes) -> None:
+        await self._remember(keys=[self._key(tenant, key)], args=[run_id, answer])

@@ -41,9 +41,8 @@ async def _owned_run(request: web.Request) -> RunRecord:
 def run_object(record: RunRecord) -> dict[str, Any]:
     """The `chat.completion` object of a run with its `status`; the final one once it ended."""
     terminal = record.terminal
-    if terminal is not None and terminal.completion is not None:
-        body = dict(terminal.completion)
-    else:
+    body = None if terminal is None else terminal.completion_object()
+    if body is None:
         body = {
             "id": record.run_id,
             "object": "chat.completion",

@@ -301,7 +301,7 @@ class RunDriver:
             with contextlib.suppress(LogClosed):
                 await self.store.append(self.run_id, [self.renderer.usage(self.builder.usage)])
         completion = self.builder.build(self.run_id, self.chat.model, int(time.time()))
-        reason = completion["choices"][0]["finish_reason"] if completion["choices"] else None
+        reason = self.builder.finish_reason(0)
         record = TerminalRecord(
             RunStatus.COMPLETED, "completed", reason, completion, at=time.time()
         )

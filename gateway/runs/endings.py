@@ -49,7 +49,7 @@ def store_unavailable_error() -> dict:
 def ending(
     status: RunStatus,
     cause: str,
-    completion: dict | None = None,
+    completion: bytes | None = None,
     error: dict | None = None,
 ) -> tuple[TerminalRecord, bytes]:
     """The terminal record of a run that stopped early, and the error frame its stream ends

@@ -7,8 +7,11 @@ a Redis backend. The store owns run state; the run driver and the HTTP handlers 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Protocol
+
+import orjson
 
 from gateway.runs.state import RunStatus
 
@@ -32,14 +35,15 @@ class StoreUnavailable(Exception):
 @dataclass(slots=True, frozen=True)
 class TerminalRecord:
     """How a run ended. `cause` separates e.g. the deadlines (`deadline:ttft`) or cancel sources
-    (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object.
+    (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object,
+    kept as its JSON (compact, and sent as it is).
     `http_status` is set when the run failed before its first event, so the request that started
     it can still answer with a plain HTTP error instead of a stream."""
 
     status: RunStatus
     cause: str
     finish_reason: str | None = None
-    completion: dict[str, Any] | None = None
+    completion: bytes | None = None
     error: dict[str, Any] | None = None
     at: float = 0.0
     http_status: int | None = None
@@ -50,11 +54,28 @@ class TerminalRecord:
             raise ValueError(f"{self.status.name} is not a terminal status")
 
 
-def terminal_to_json(record: TerminalRecord) -> dict[str, Any]:
-    return asdict(record) | {"status": int(record.status)}
+    @property
+    def size(self) -> int:
+        """Roughly the bytes this record holds (what retention limits count)."""
+        return 256 + len(self.completion or b"")
+
+    def completion_object(self) -> dict[str, Any] | None:
+        return None if self.completion is None else orjson.loads(self.completion)
 
 
-def terminal_from_json(data: dict[str, Any]) -> TerminalRecord:
+def terminal_to_json(record: TerminalRecord) -> bytes:
+    fields = {f.name: getattr(record, f.name) for f in dataclass_fields(record)}
+    fields["status"] = int(record.status)
+    if record.completion is not None:
+        fields["completion"] = orjson.Fragment(record.completion)  # embedded as it is
+    return orjson.dumps(fields)
+
+
+def terminal_from_json(raw: bytes | str) -> TerminalRecord:
+    data = orjson.loads(raw)
+    completion = data.get("completion")
+    if completion is not None:
+        data["completion"] = orjson.dumps(completion)
     return TerminalRecord(**(data | {"status": RunStatus(data["status"])}))
 
 

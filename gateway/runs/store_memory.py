@@ -3,6 +3,10 @@
 Everything happens on the gateway's event loop, so a plain check-then-set is atomic here; the
 Redis backend does the same transitions with scripts. There is one replica, so it is always
 alive and cancels never need to travel.
+
+Memory is bounded by bytes, not only by counts and age: a run keeps at most `max_event_bytes`
+of events (older ones are dropped, so a resume from before them is a 410), and ended runs
+together hold at most `retention_bytes` (the oldest ended runs go first).
 """
 
 from __future__ import annotations
@@ -22,27 +26,45 @@ from gateway.runs.store import (
     UnknownRun,
 )
 
+EVENT_OVERHEAD = 80  # bytes an event costs beyond its payload (tuple, int, bytes object)
+
 
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
-    events: deque[tuple[int, bytes]]
+    events: deque[tuple[int, bytes]] = field(default_factory=deque)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     followers: int = 0
+    event_bytes: int = 0
+
+    @property
+    def size(self) -> int:
+        terminal = self.record.terminal
+        return self.event_bytes + (terminal.size if terminal is not None else 0)
 
 
 class MemoryRunStore:
-    """Keeps the last `max_events` events of each run; ended runs stay `retention` seconds, and
-    at most `max_ended_runs` of them (the oldest go first), so memory stays bounded."""
+    """Keeps the last `max_events` events of each run, and no more than `max_event_bytes` of
+    them; ended runs stay `retention` seconds, at most `max_ended_runs` of them and at most
+    `retention_bytes` together (the oldest go first), so memory stays bounded."""
 
     def __init__(
-        self, max_events: int = 4096, retention: float = 600.0, max_ended_runs: int = 10_000
+        self,
+        max_events: int = 4096,
+        retention: float = 600.0,
+        max_ended_runs: int = 10_000,
+        *,
+        max_event_bytes: int = 8 << 20,
+        retention_bytes: int = 256 << 20,
     ) -> None:
         self.max_events = max_events
         self.retention = retention
         self.max_ended_runs = max_ended_runs
+        self.max_event_bytes = max_event_bytes
+        self.retention_bytes = retention_bytes
         self._runs: dict[str, _Entry] = {}
         self._ended: OrderedDict[str, float] = OrderedDict()  # run id → when it ended
+        self.ended_bytes = 0  # what the ended runs kept here hold
 
     def _entry(self, run_id: str) -> _Entry:
         entry = self._runs.get(run_id)
@@ -58,7 +80,7 @@ class MemoryRunStore:
         self._expire()
         if record.run_id in self._runs:
             raise ValueError(f"run {record.run_id} exists")
-        self._runs[record.run_id] = _Entry(record, deque(maxlen=self.max_events))
+        self._runs[record.run_id] = _Entry(record)
 
     async def get(self, run_id: str) -> RunRecord:
         return self._entry(run_id).record
@@ -81,7 +103,9 @@ class MemoryRunStore:
         entry.record.status = terminal.status
         entry.record.terminal = terminal
         self._ended[run_id] = time.monotonic()
+        self.ended_bytes += entry.size
         self._notify(entry)
+        self._expire()
         return True
 
     async def append(self, run_id: str, payloads: list[bytes]) -> int:
@@ -95,9 +119,16 @@ class MemoryRunStore:
 
     def _append(self, entry: _Entry, payloads: list[bytes]) -> int:
         seq = entry.record.last_seq
+        events = entry.events
         for payload in payloads:
             seq += 1
-            entry.events.append((seq, payload))
+            events.append((seq, payload))
+            entry.event_bytes += len(payload) + EVENT_OVERHEAD
+        # NOTE: the newest event always stays (it may be the run's final error frame).
+        while len(events) > 1 and (
+            len(events) > self.max_events or entry.event_bytes > self.max_event_bytes
+        ):
+            entry.event_bytes -= len(events.popleft()[1]) + EVENT_OVERHEAD
         entry.record.last_seq = seq
         return seq
 
@@ -125,9 +156,14 @@ class MemoryRunStore:
     def discard(self, run_id: str) -> None:
         """Forget a run now; its waiters wake and find it unknown."""
         entry = self._runs.pop(run_id, None)
-        self._ended.pop(run_id, None)
+        if self._ended.pop(run_id, None) is not None and entry is not None:
+            self.ended_bytes -= entry.size
         if entry is not None:
             self._notify(entry)
+
+    def bytes_held(self) -> int:
+        """Bytes the runs kept here hold, live and ended."""
+        return sum(entry.size for entry in self._runs.values())
 
     async def add_follower(self, run_id: str, delta: int) -> int:
         entry = self._entry(run_id)
@@ -160,9 +196,22 @@ class MemoryRunStore:
         return True
 
     def _expire(self) -> None:
-        """Forget runs that ended more than `retention` seconds ago, or past the count cap."""
+        """Forget runs that ended more than `retention` seconds ago, or past the caps on their
+        count and bytes (the oldest first)."""
         cutoff = time.monotonic() - self.retention
-        ended = self._ended
-        while ended and (len(ended) > self.max_ended_runs or next(iter(ended.values())) < cutoff):
-            run_id, _ = ended.popitem(last=False)
-            self._runs.pop(run_id, None)
+        count, held = len(self._ended), self.ended_bytes
+        gone = []
+        for run_id, ended_at in self._ended.items():
+            if count <= self.max_ended_runs and held <= self.retention_bytes and ended_at >= cutoff:
+                break
+            entry = self._runs.get(run_id)
+            if entry is not None and entry.followers:
+                continue  # NOTE: a client still reading its last events keeps it (in its place)
+            gone.append(run_id)
+            count -= 1
+            held -= entry.size if entry is not None else 0
+        for run_id in gone:
+            del self._ended[run_id]
+            entry = self._runs.pop(run_id, None)
+            if entry is not None:
+                self.ended_bytes -= entry.size

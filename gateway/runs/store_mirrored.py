@@ -29,11 +29,17 @@ MIRROR_RETENTION = 30.0  # seconds an ended run stays mirrored (later resumes re
 
 
 class MirroredRunStore:
-    def __init__(self, shared: RedisRunStore, health: StoreHealth | None = None) -> None:
+    def __init__(
+        self,
+        shared: RedisRunStore,
+        health: StoreHealth | None = None,
+        local: MemoryRunStore | None = None,
+    ) -> None:
+        """`local` is the mirror (by default one keeping ended runs `MIRROR_RETENTION` s)."""
         self.shared = shared
         self.health = health or StoreHealth()
         retention = min(MIRROR_RETENTION, shared.retention)
-        self.local = MemoryRunStore(shared.max_events, retention=retention)
+        self.local = local or MemoryRunStore(shared.max_events, retention=retention)
         self.writes = WriteBehind(shared, self.health, self._snapshot, self._ended_elsewhere)
         self._refused: set[str] = set()  # runs whose writes Redis refused
 

@@ -110,14 +110,6 @@ return total
 """
 
 
-def _terminal_json(t: TerminalRecord) -> bytes:
-    return orjson.dumps(terminal_to_json(t))
-
-
-def _terminal_from(raw: bytes) -> TerminalRecord:
-    return terminal_from_json(orjson.loads(raw))
-
-
 class RedisRunStore:
     def __init__(
         self,
@@ -161,7 +153,7 @@ class RedisRunStore:
             "meta": orjson.dumps(record.meta),
         }
         if record.terminal is not None:
-            fields["terminal"] = _terminal_json(record.terminal)
+            fields["terminal"] = terminal_to_json(record.terminal)
         return fields
 
     async def create(self, record: RunRecord) -> None:
@@ -198,7 +190,7 @@ class RedisRunStore:
             float(raw[b"created"]),
             stream=raw[b"stream"] == b"1",
             status=RunStatus(int(raw[b"status"])),
-            terminal=_terminal_from(terminal) if terminal else None,
+            terminal=terminal_from_json(terminal) if terminal else None,
             last_seq=int(raw[b"last_seq"]),
             owner=raw.get(b"owner", b"").decode(),
             meta=orjson.loads(raw[b"meta"]),
@@ -231,7 +223,7 @@ class RedisRunStore:
         final_seq: int = 0,
     ) -> Any:
         retention_ms = max(1, round(self.retention * 1000))
-        args = [int(terminal.status), _terminal_json(terminal), retention_ms, self.max_events]
+        args = [int(terminal.status), terminal_to_json(terminal), retention_ms, self.max_events]
         if final is not None:
             args += [final_seq, final]
         return self._finish(keys=self._keys(run_id), args=args, client=client)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +20,6 @@ import orjson
 import pytest
 import redis
 
-from gateway.local_worker import free_port
-from tests.support.processes import stop, wait_ready
 from tests.support.redis_server import PrivateRedis
 from tests.support.serve import Served, serving
 
@@ -32,14 +28,8 @@ DELAY_MS = 20
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[str]:
-    """The scripted OpenAI-compatible upstream, streaming one token every DELAY_MS."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "tests.support.scripted_upstream", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(proc, f"http://127.0.0.1:{port}/v1/models")
-    yield f"http://127.0.0.1:{port}/v1"
-    stop(proc)
+def upstream(scripted_upstream) -> str:
+    return scripted_upstream
 
 
 @pytest.fixture

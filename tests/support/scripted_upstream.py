@@ -47,29 +47,56 @@ def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _chunk(cid: str, model: str, delta: dict, finish: str | None = None) -> dict:
+def _chunk(
+    cid: str,
+    model: str,
+    delta: dict,
+    finish: str | None = None,
+    index: int = 0,
+    logprobs: dict | None = None,
+) -> dict:
     return {
         "id": cid,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [
+            {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        ],
     }
 
 
-def token_script(cid: str, model: str, tokens: int, delay_s: float) -> Raw:
-    """Role chunk, `tokens` one-token chunks `delay_s` apart, finish, usage, `[DONE]`.
+def _logprobs(token: str, top: int) -> dict:
+    """OpenAI's logprobs of one token, with `top` alternatives."""
+
+    def entry(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    alternatives = [entry(f"{token}{k}", -1.0 - k) for k in range(top)]
+    return {"content": [entry(token, -0.5) | {"top_logprobs": alternatives}]}
+
+
+def token_script(
+    cid: str, model: str, tokens: int, delay_s: float, n: int = 1, top_logprobs: int | None = None
+) -> Raw:
+    """Role chunks, `tokens` one-token chunks per choice `delay_s` apart, finishes, usage,
+    `[DONE]`; with `top_logprobs`, each token chunk carries its logprobs.
 
     Frames with no delay between them go out in one write, as a server that has several tokens
     ready sends them; at zero delay the whole response is one write.
     """
-    out: Raw = [sse(_chunk(cid, model, {"role": "assistant", "content": ""}))]
+    out: Raw = [
+        sse(_chunk(cid, model, {"role": "assistant", "content": ""}, index=i)) for i in range(n)
+    ]
     for i in range(tokens):
         if delay_s:
             out.append(delay_s)
-        out.append(sse(_chunk(cid, model, {"content": f"tok{i} "})))
-    out.append(sse(_chunk(cid, model, {}, "length")))
-    usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
+        for index in range(n):
+            text = f"tok{i} "
+            lp = None if top_logprobs is None else _logprobs(text, top_logprobs)
+            out.append(sse(_chunk(cid, model, {"content": text}, index=index, logprobs=lp)))
+    out += [sse(_chunk(cid, model, {}, "length", index=i)) for i in range(n)]
+    usage = {"prompt_tokens": 7, "completion_tokens": tokens * n, "total_tokens": 7 + tokens * n}
     out.append(
         sse(
             {
@@ -115,7 +142,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tokens = int(body.get("max_tokens") or 16)
     delay_ms = float((body.get("metadata") or {}).get("delay_ms", state.delay_ms))
     cid = "chatcmpl-upstream"
-    script = state.scripts.get(model) or token_script(cid, model, tokens, delay_ms / 1000)
+    top = body.get("top_logprobs") if body.get("logprobs") else None
+    script = state.scripts.get(model) or token_script(
+        cid, model, tokens, delay_ms / 1000, int(body.get("n") or 1), top
+    )
     if not body.get("stream"):
         text = "".join(f"tok{i} " for i in range(tokens))
         record.finished = True

@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 
 from adapters.events import Aborted, Admitted, Event, Finish, TextDelta, Usage
@@ -216,5 +217,5 @@ def test_admitted_and_aborted_are_not_chunks_nor_completion_content() -> None:
     builder = CompletionBuilder(1)
     for event in (Admitted(), TextDelta("hi"), Aborted(0, 1), Usage(2, 1)):
         builder.add(event)
-    choice = builder.build("chatcmpl-1", "m", 1)["choices"][0]
+    choice = orjson.loads(builder.build("chatcmpl-1", "m", 1))["choices"][0]
     assert choice["message"]["content"] == "hi"

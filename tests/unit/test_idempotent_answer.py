@@ -101,15 +101,26 @@ async def test_stores_remember_an_answer_only_for_their_own_run(kind):
         store = RedisIdempotencyStore(client, prefix=f"sluice-test-{uuid.uuid4().hex[:12]}:")
     try:
         await store.claim("t", "k", "sha256:x", "run-1", 60)
-        await store.remember("t", "k", "run-2", {"other": True})  # not this key's run: ignored
+        await store.remember("t", "k", "run-2", b'{"other":true}')  # not this key's run: ignored
         assert (await store.claim("t", "k", "sha256:x", "run-9", 60)).answer is None
-        answer = {"status": 7, "completion": {"choices": []}, "error": None}
+        answer = '{"status":7,"completion":{"choices":[]},"error":null,"note":"café"}'.encode()
         await store.remember("t", "k", "run-1", answer)
         held = await store.claim("t", "k", "sha256:x", "run-9", 60)
-        assert (held.run_id, held.answer) == ("run-1", answer)  # empty lists stay lists
+        assert (held.run_id, held.answer) == ("run-1", answer)  # byte for byte, lists stay lists
     finally:
         if client is not None:
             keys = [key async for key in client.scan_iter(match=f"{store.prefix}*")]
             if keys:
                 await client.delete(*keys)
             await client.aclose()
+
+
+async def test_kept_endings_are_bounded_in_bytes_oldest_dropped_first():
+    store = MemoryIdempotencyStore(max_answer_bytes=250)
+    for i in range(4):
+        await store.claim("t", f"k{i}", "sha256:x", f"run-{i}", 60)
+        await store.remember("t", f"k{i}", f"run-{i}", b"x" * 100)
+    held = [(await store.claim("t", f"k{i}", "sha256:x", "other", 60)) for i in range(4)]
+    assert [h.run_id for h in held] == ["run-0", "run-1", "run-2", "run-3"]  # claims all kept
+    assert [h.answer is not None for h in held] == [False, False, True, True]
+    assert store.answer_bytes == 200

@@ -68,7 +68,7 @@ async def test_a_completed_run_logs_every_chunk_and_its_object():
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
     assert events[-1]["usage"]["completion_tokens"] == 3
     assert record.status == RunStatus.COMPLETED and record.finish_reason == "stop"
-    assert record.completion["choices"][0]["message"]["content"] == "abc"
+    assert record.completion_object()["choices"][0]["message"]["content"] == "abc"
     assert (await store.get("run-1")).status == RunStatus.COMPLETED
     assert adapter.aborted == {"run-1": False}
     assert samples(driver, "sluice_tokens_total") == {

@@ -196,3 +196,32 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
             assert [seq for seq, _ in events] == list(range(1, 42))
     finally:
         await owner.close()
+
+
+async def test_a_runs_events_are_bounded_in_bytes_older_ones_dropped():
+    store = MemoryRunStore(max_events=100, max_event_bytes=1000)
+    run = await new_run(store)
+    await store.append(run, [b"%03d" % i + b"x" * 197 for i in range(10)])  # 280 B each, kept
+    assert [seq for seq, _ in await store.read(run, 7)] == [8, 9, 10]
+    with pytest.raises(ResumeWindowExpired):
+        await store.read(run, 6)
+    assert store.bytes_held() == 3 * 280
+
+
+async def test_ended_runs_are_bounded_in_bytes_oldest_first_and_followed_ones_kept():
+    store = MemoryRunStore(retention_bytes=2500)
+    ending = TerminalRecord(RunStatus.COMPLETED, "completed", "stop", completion=b"x" * 900)
+    followed = await new_run(store, "followed")
+    await store.add_follower(followed, 1)  # a client still reading its last events
+    await store.finish(followed, ending)
+    for i in range(4):
+        await store.finish(await new_run(store, f"run-{i}"), ending)
+    assert store.ended_bytes <= 2500
+    with pytest.raises(UnknownRun):
+        await store.get("run-1")
+    assert (await store.get("run-3")).terminal == ending
+    assert (await store.get("followed")).terminal == ending  # spared while followed
+    await store.add_follower(followed, -1)
+    await store.finish(await new_run(store, "run-4"), ending)
+    with pytest.raises(UnknownRun):
+        await store.get("followed")

@@ -55,7 +55,7 @@ def test_completion_builder_joins_choices_and_tool_calls():
         Usage(5, 6),
     ]:
         b.add(event)
-    completion = ChatCompletion.model_validate(b.build("chatcmpl-2", "m", 1))
+    completion = ChatCompletion.model_validate_json(b.build("chatcmpl-2", "m", 1))
     first, second = completion.choices
     assert first.message.content == "Hello" and first.finish_reason == "stop"
     assert second.message.tool_calls[0].function.arguments == '{"x":1}'
