@@ -304,7 +304,7 @@ def make_engine(model: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
 def run_engine(engine: Any, wave: list[list[int]], max_new: int, tag: str) -> list[Trace]:
     """Add the wave and step until done; text events carry `tokens`, finish events the count."""
     from workers.request import EngineRequest
-    from workers.sampling import SamplingParams
+    from workers.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
     submitted = time.perf_counter()

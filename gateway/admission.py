@@ -9,12 +9,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from adapters.requests import ChatRequest
-from gateway import idempotent
+from gateway import replays
+from gateway.app_keys import DEFERRED, LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
 from gateway.errors import APIError, invalid_request
-from gateway.keys import DEFERRED, LEDGER, METRICS, QUOTAS, RATE_HEADERS, SETTINGS
 from gateway.ledger import UsageRecord
 from gateway.runs.driver import RunDriver
-from gateway.runs.state import PUBLIC_STATUS, RunStatus
+from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from policies.auth import Principal
 from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
 from policies.quotas import estimate_prompt_tokens as estimate
@@ -103,7 +103,7 @@ def settlement(
         if idempotency_key is not None and terminal is not None:
             await deferred.run(
                 "idempotency ending",
-                lambda: idempotent.remember(
+                lambda: replays.remember(
                     app, driver.tenant, idempotency_key, driver.run_id, terminal
                 ),
             )

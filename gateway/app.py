@@ -15,19 +15,19 @@ from adapters.catalog import Catalog
 from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
 from adapters.worker_client import WorkerAdapter
+from gateway.app_keys import AUTH, CATALOG, HEALTH, METRICS, OPEN_STREAMS, SETTINGS
 from gateway.backend_health import BackendHealth
+from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
-from gateway.keys import AUTH, CATALOG, HEALTH, METRICS, OPEN_STREAMS, SETTINGS
 from gateway.local_worker import LocalWorker
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
 from gateway.settings import DEFAULT_MODEL, Settings
-from gateway.state import shared_state
+from gateway.stores import shared_state
 from gateway.supervisor import Supervisor
-from gateway.tenancy import build_authenticator, watch_tenants_file
 
 log = structlog.get_logger("sluice.app")
 

@@ -12,8 +12,7 @@ import structlog
 from aiohttp import web
 
 from gateway.admission import quota_limits
-from gateway.errors import APIError, internal_error, invalid_api_key, overloaded
-from gateway.keys import (
+from gateway.app_keys import (
     AUTH,
     METRICS,
     MODEL_LABEL,
@@ -24,6 +23,7 @@ from gateway.keys import (
     STARTED,
     TENANT,
 )
+from gateway.errors import APIError, internal_error, invalid_api_key, overloaded
 from gateway.runs.store import StoreUnavailable
 
 log = structlog.get_logger("sluice.gateway")

@@ -31,7 +31,7 @@ from workers.kv_cache import (
 )
 from workers.model_loader import context_length
 from workers.model_runner import ModelRunner
-from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, Sequence
+from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, SequenceState
 from workers.sampler import Sampler
 from workers.scheduler import Scheduler
 from workers.stop import StopContext, StopStringHoldback, check_stop
@@ -123,7 +123,7 @@ class Engine:
         if not self.fits(len(request.prompt_ids), max_tokens):
             raise CapacityError("the prompt plus max_tokens does not fit in this worker's KV cache")
         sequences = [
-            Sequence(
+            SequenceState(
                 request_id=request.request_id,
                 index=i,
                 params=params,
@@ -254,7 +254,7 @@ class Engine:
         self._abort_pending.clear()
 
     def _report_admissions(
-        self, work: list[tuple[Sequence, int]], outputs: dict[str, RequestOutput]
+        self, work: list[tuple[SequenceState, int]], outputs: dict[str, RequestOutput]
     ) -> None:
         """The first time a request is scheduled it has left the queue: say so, before any text.
 
@@ -266,7 +266,7 @@ class Engine:
                 req.admitted = True
                 self._out(outputs, req.request_id).events.append(protocol.admitted_event())
 
-    def _fork_children(self, leader: Sequence) -> list[Sequence]:
+    def _fork_children(self, leader: SequenceState) -> list[SequenceState]:
         """The leader just computed the prompt: its siblings start from its KV."""
         req = self._requests[leader.request_id]
         children = [
@@ -290,7 +290,7 @@ class Engine:
         return forked
 
     def _sample_and_postprocess(
-        self, samplers: list[Sequence], logits: torch.Tensor, outputs: dict[str, RequestOutput]
+        self, samplers: list[SequenceState], logits: torch.Tensor, outputs: dict[str, RequestOutput]
     ) -> None:
         rows, row_index = [], []
         for i, seq in enumerate(samplers):
@@ -334,7 +334,7 @@ class Engine:
 
     def _postprocess(
         self,
-        seq: Sequence,
+        seq: SequenceState,
         token_id: int,
         logprob: dict[str, Any] | None,
         outputs: dict[str, RequestOutput],
@@ -351,7 +351,7 @@ class Engine:
             self._out(outputs, seq.request_id).events.append(event)
 
     def _finish_sequence(
-        self, seq: Sequence, status: RequestStatus, outputs: dict[str, RequestOutput]
+        self, seq: SequenceState, status: RequestStatus, outputs: dict[str, RequestOutput]
     ) -> None:
         seq.status = status
         out = self._out(outputs, seq.request_id)

@@ -14,7 +14,7 @@ import torch
 
 from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan
 from workers.kv_cache import KVCache
-from workers.request import Sequence
+from workers.request import SequenceState
 
 
 class ModelRunner:
@@ -26,11 +26,11 @@ class ModelRunner:
         self.block_size = cache.block_size
         model.set_attn_implementation(ATTENTION_NAME)
 
-    def _slots(self, seq: Sequence, start: int, stop: int) -> list[int]:
+    def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
-    def _decode_metadata(self, batch: PagedBatch, decodes: list[Sequence]) -> None:
+    def _decode_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
         lengths = torch.tensor([s.num_computed_tokens + 1 for s in decodes], device=self.device)
         width = -(-int(lengths.max()) // self.block_size)
         tables = [s.block_table[:width] for s in decodes]
@@ -44,7 +44,7 @@ class ModelRunner:
         bias.masked_fill_(~visible, float("-inf"))
         batch.decode_bias = bias.view(1, len(decodes), 1, context)
 
-    def _prefill_span(self, seq: Sequence, start: int, new: int) -> PrefillSpan:
+    def _prefill_span(self, seq: SequenceState, start: int, new: int) -> PrefillSpan:
         done = seq.num_computed_tokens
         if done == 0:
             return PrefillSpan(start, new)
@@ -57,7 +57,9 @@ class ModelRunner:
         return PrefillSpan(start, new, slots, bias.view(1, 1, new, context))
 
     @torch.inference_mode()
-    def execute(self, work: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+    def execute(
+        self, work: list[tuple[SequenceState, int]]
+    ) -> tuple[list[SequenceState], torch.Tensor]:
         """Run one step; return the sequences that sample next and their logits rows [R, V]."""
         decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
         prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
@@ -67,7 +69,7 @@ class ModelRunner:
             s.block_table[p // self.block_size] * self.block_size + p % self.block_size
             for s, p in zip(decodes, positions, strict=True)
         ]
-        samplers: list[Sequence] = list(decodes)
+        samplers: list[SequenceState] = list(decodes)
         keep: list[int] = list(range(len(decodes)))
         batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
         if decodes:

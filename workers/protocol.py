@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.limits import ROLES
-from workers.sampling import InvalidParam, SamplingParams
+from workers.sampling_params import InvalidParam, SamplingParams
 
 API_VERSION = 1
 MAX_REQUEST_ID_LEN = 256

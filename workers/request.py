@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers import protocol
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ class EngineRequest:
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class SequenceState:
     """One choice (`index`) of a request: its tokens, its text pipeline and its unsent output."""
 
     request_id: str
@@ -149,7 +149,7 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    sequences: list[Sequence]
+    sequences: list[SequenceState]
     status: RequestStatus = RequestStatus.WAITING
     admitted: bool = False  # the `admitted` line was sent (once: not again after a preemption)
 
@@ -157,7 +157,7 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def live_sequences(self) -> list[Sequence]:
+    def live_sequences(self) -> list[SequenceState]:
         return [s for s in self.sequences if not s.status.is_finished]
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from workers.detokenizer import TokenTable
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 MASKED_LOGPROB = -9999.0
 

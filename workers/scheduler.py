@@ -15,15 +15,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
-from workers.request import RequestStatus, Sequence
+from workers.request import RequestStatus, SequenceState
 
 
 @dataclass(slots=True)
 class ScheduledStep:
     """This step's work: (sequence, new tokens) pairs, in schedule order."""
 
-    work: list[tuple[Sequence, int]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    work: list[tuple[SequenceState, int]] = field(default_factory=list)
+    preempted: list[SequenceState] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -39,31 +39,31 @@ class Scheduler:
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
         self.preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SequenceState) -> None:
         seq.status = RequestStatus.WAITING
         self.waiting.append(seq)
 
-    def admit_running(self, seq: Sequence) -> None:
+    def admit_running(self, seq: SequenceState) -> None:
         """A sequence that already holds computed blocks (a fork) joins the running set."""
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
 
     @staticmethod
-    def _slots(seq: Sequence) -> int:
+    def _slots(seq: SequenceState) -> int:
         """A prompt with `n` choices holds a slot for each sibling that will fork from it."""
         return seq.params.n if seq.index == 0 and not seq.output_ids else 1
 
-    def has_room(self, seq: Sequence | None = None) -> bool:
+    def has_room(self, seq: SequenceState | None = None) -> bool:
         """Whether `seq` (or one more sequence) may run within `max_num_seqs`."""
         used = sum(self._slots(s) for s in self.running)
         need = 1 if seq is None else self._slots(seq)
         return not self.running or used + need <= self.max_num_seqs
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: SequenceState) -> None:
         """Remove a finished or aborted sequence and release its blocks (idempotent)."""
         if seq in self.running:
             self.running.remove(seq)
@@ -107,7 +107,7 @@ class Scheduler:
             budget -= new
         return budget
 
-    def _preempt(self, seq: Sequence) -> Sequence:
+    def _preempt(self, seq: SequenceState) -> SequenceState:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = RequestStatus.WAITING

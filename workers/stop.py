@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from workers.request import RequestStatus
 
 if TYPE_CHECKING:
-    from workers.request import Sequence
+    from workers.request import SequenceState
 
 
 class StopStringHoldback:
@@ -67,7 +67,7 @@ class StopContext:
     max_model_len: int
 
 
-def check_stop(seq: Sequence, token_id: int, ctx: StopContext) -> RequestStatus | None:
+def check_stop(seq: SequenceState, token_id: int, ctx: StopContext) -> RequestStatus | None:
     """The one place that decides whether `seq` is done after `token_id`, and why.
 
     Feeds the token's text through the sequence's detokenizer and hold-back (stop strings are

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
-from gateway import idempotent
+from gateway import replays
 from gateway.admission import (
     admit,
     cap_max_tokens,
@@ -19,10 +19,8 @@ from gateway.admission import (
     prompt_estimate,
     settlement,
 )
-from gateway.errors import APIError, invalid_request, model_not_found, overloaded
-from gateway.http_server import abandon_body
-from gateway.idempotent import idempotency_key
-from gateway.keys import (
+from gateway.answers import respond_with_ending, respond_with_result, stream_run
+from gateway.app_keys import (
     CATALOG,
     DEFERRED,
     HEALTH,
@@ -34,10 +32,12 @@ from gateway.keys import (
     STARTED,
     TENANT,
 )
+from gateway.errors import APIError, invalid_request, model_not_found, overloaded
+from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
+from gateway.replays import idempotency_key
 from gateway.runs.driver import RunDriver
 from gateway.runs.manager import new_run_id
-from gateway.streaming import respond_with_ending, respond_with_result, stream_run
 
 
 async def read_json(request: web.Request) -> object:
@@ -93,13 +93,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     run_id = new_run_id()
     key = idempotency_key(request)
     if key is not None:
-        replay = await idempotent.claim(request, tenant.name, key, body, run_id)
+        replay = await replays.claim(request, tenant.name, key, body, run_id)
         if replay is not None and replay.answer is not None:
             return await respond_with_ending(
-                request, replay.answer, chat.stream, chat.include_usage, idempotent.REPLAYED
+                request, replay.answer, chat.stream, chat.include_usage, replays.REPLAYED
             )
         if replay is not None:
-            return await _answer(request, replay.run_id, chat.stream, idempotent.REPLAYED)
+            return await _answer(request, replay.run_id, chat.stream, replays.REPLAYED)
     begin = asyncio.ensure_future(_admit_and_start(request, chat, adapter, run_id, key))
     try:
         # NOTE: shielded: a client that goes away here (the handler is cancelled) must not strand
@@ -114,7 +114,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     except BaseException:
         if key is not None:
             release = app[DEFERRED].run(
-                "idempotency release", lambda: idempotent.release(request, tenant.name, key, run_id)
+                "idempotency release", lambda: replays.release(request, tenant.name, key, run_id)
             )
             await asyncio.shield(release)
         raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.keys import HEALTH, METRICS, REDIS
+from gateway.app_keys import HEALTH, METRICS, REDIS
 
 
 async def healthz(request: web.Request) -> web.Response:

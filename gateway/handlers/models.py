@@ -7,8 +7,8 @@ import time
 from aiohttp import web
 
 from adapters.base import ModelInfo
+from gateway.app_keys import CATALOG
 from gateway.errors import model_not_found
-from gateway.keys import CATALOG
 
 _STARTED = int(time.time())
 

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.answers import stream_run
+from gateway.app_keys import METRICS, PRINCIPAL, RUNS
 from gateway.errors import APIError, invalid_request
-from gateway.keys import METRICS, PRINCIPAL, RUNS
-from gateway.runs.state import PUBLIC_STATUS
+from gateway.runs.status import PUBLIC_STATUS
 from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
-from gateway.streaming import stream_run
 
 CANCEL_WAIT = 10.0  # seconds the cancel call waits for the run's terminal state
 

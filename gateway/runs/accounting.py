@@ -15,7 +15,7 @@ import structlog
 
 from adapters.events import Aborted, Event, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics
-from gateway.runs.state import PUBLIC_STATUS, RunStatus
+from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from gateway.runs.store import TerminalRecord
 
 log = structlog.get_logger("sluice.runs")

@@ -31,7 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Decision, RunAccounting
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.endings import STORE_LOST_CAUSE, ending
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import LogClosed, RunStore, TerminalRecord
 
 BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed)

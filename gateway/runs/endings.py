@@ -11,7 +11,7 @@ import time
 
 import orjson
 
-from gateway.runs.state import TERMINAL_ERROR_CODE, RunStatus
+from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
 from gateway.runs.store import TerminalRecord
 
 _MESSAGES = {

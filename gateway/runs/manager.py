@@ -26,7 +26,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
 from gateway.runs.endings import LOST_CAUSE, ending
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import RunRecord, RunStore, StoreUnavailable, TerminalRecord, UnknownRun
 from gateway.store_health import StoreHealth, patiently
 

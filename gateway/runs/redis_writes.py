@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from gateway.redis_client import REDIS_ERRORS
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import RunRecord, StoreUnavailable, TerminalRecord
 from gateway.runs.store_redis import RedisRunStore
 from gateway.store_health import StoreHealth

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 
 
 class UnknownRun(LookupError):
@@ -52,7 +52,6 @@ class TerminalRecord:
     def __post_init__(self) -> None:
         if not self.status.is_terminal:
             raise ValueError(f"{self.status.name} is not a terminal status")
-
 
     @property
     def size(self) -> int:

@@ -17,7 +17,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gateway.runs.state import RunStatus, can_advance
+from gateway.runs.status import RunStatus, can_advance
 from gateway.runs.store import (
     LogClosed,
     ResumeWindowExpired,

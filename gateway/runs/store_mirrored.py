@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from gateway.runs.redis_writes import WriteBehind
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import LogClosed, RunRecord, TerminalRecord, UnknownRun
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_redis import RedisRunStore

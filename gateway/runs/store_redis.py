@@ -17,7 +17,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.runs.redis_notify import Notifier
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import (
     LogClosed,
     ResumeWindowExpired,

@@ -12,7 +12,7 @@ from workers.chat import render_prompt
 from workers.engine import Engine
 from workers.model_loader import DEFAULT_MODEL_ID, load_model, resolve_model_path, served_model_id
 from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.default_model
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from adapters.worker_client import WorkerAdapter
-from gateway.keys import RUNS
+from gateway.app_keys import RUNS
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events
 from tests.support.worker_process import Worker, running_worker
 

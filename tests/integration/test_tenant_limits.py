@@ -24,8 +24,8 @@ from adapters.events import ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest
 from adapters.scripted import ScriptedAdapter
 from adapters.worker_client import WorkerAdapter
-from gateway.keys import AUTH, RUNS, SETTINGS
-from gateway.tenancy import tenants_config
+from gateway.app_keys import AUTH, RUNS, SETTINGS
+from gateway.credentials import tenants_config
 from policies.auth import hash_key, key_id
 from policies.quotas import estimate_prompt_tokens
 from policies.tenants import create_key, list_keys, revoke_key

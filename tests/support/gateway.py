@@ -8,7 +8,7 @@ import orjson
 from openai._streaming import SSEDecoder
 
 from gateway.app import create_app
-from gateway.keys import AUTH as AUTH_KEY
+from gateway.app_keys import AUTH as AUTH_KEY
 from gateway.settings import Settings
 from policies.tenants import single_tenant
 

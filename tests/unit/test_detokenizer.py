@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
-from workers.request import RequestStatus, Sequence
-from workers.sampling import SamplingParams
+from workers.request import RequestStatus, SequenceState
+from workers.sampling_params import SamplingParams
 from workers.stop import StopContext, StopStringHoldback, check_stop
 from workers.tiny_model import IM_END, IM_START, build_tiny_tokenizer
 
@@ -19,9 +19,9 @@ EOS = 7
 
 def make_sequence(
     text_bytes: list[bytes], stop: tuple[str, ...] = (), max_tokens: int = 100
-) -> Sequence:
+) -> SequenceState:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
-    return Sequence(
+    return SequenceState(
         request_id="r",
         index=0,
         params=params,
@@ -33,7 +33,7 @@ def make_sequence(
     )
 
 
-def feed(seq: Sequence, token_ids: list[int], ctx: StopContext) -> tuple[list[str], object]:
+def feed(seq: SequenceState, token_ids: list[int], ctx: StopContext) -> tuple[list[str], object]:
     """Returns the text of every `text` event, and the finish status (None if still going)."""
     texts = []
     for token_id in token_ids:

@@ -12,7 +12,7 @@ import torch
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 PROMPTS = ["你好世界", "Hello world", "def add(a, b):", "Ça va très bien", "🚀 emoji"]
 

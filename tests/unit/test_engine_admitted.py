@@ -11,7 +11,7 @@ import pytest
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 ADMITTED = {"type": "admitted"}
 

@@ -13,7 +13,7 @@ from workers.async_engine import AsyncEngine, DuplicateRequest
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from adapters.events import TextDelta
 from adapters.scripted import ScriptedAdapter, text_script
-from gateway.keys import RUNS
+from gateway.app_keys import RUNS
 from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_events, stream_text
 
 PIECES = [f"{i}:é " for i in range(40)]

@@ -13,7 +13,7 @@ import torch
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 WORDS = ["你好", "world", "café", "🚀", "def f(x):", "naïve", "über", "数据", "ok", "straße"]
 

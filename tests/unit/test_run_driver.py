@@ -17,7 +17,7 @@ from adapters.scripted import ScriptedAdapter, text_script
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import RunRecord
 from gateway.runs.store_memory import MemoryRunStore
 

@@ -10,7 +10,7 @@ import pytest
 from adapters.requests import ChatRequest, Message
 from adapters.scripted import ScriptedAdapter, text_script
 from gateway.runs.manager import RunManager
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import ResumeWindowExpired
 from gateway.runs.store_memory import MemoryRunStore
 

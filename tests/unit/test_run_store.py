@@ -10,7 +10,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import (
     LogClosed,
     ResumeWindowExpired,

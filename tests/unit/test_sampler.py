@@ -9,7 +9,7 @@ import torch
 
 from workers.detokenizer import TokenTable
 from workers.sampler import MASKED_LOGPROB, Sampler, apply_penalties
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 VOCAB = 50
 

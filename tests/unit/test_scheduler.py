@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from workers.block_manager import BlockManager
-from workers.request import RequestStatus, Sequence
-from workers.sampling import SamplingParams
+from workers.request import RequestStatus, SequenceState
+from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
 
 
-def make_seq(request_id: str, prompt_len: int, n: int = 1, index: int = 0) -> Sequence:
-    return Sequence(
+def make_seq(request_id: str, prompt_len: int, n: int = 1, index: int = 0) -> SequenceState:
+    return SequenceState(
         request_id=request_id,
         index=index,
         params=SamplingParams(n=n),

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
 from adapters.scripted import ScriptedAdapter
 from adapters.to_openai import ChunkRenderer
+from gateway.app_keys import RUNS
 from gateway.backpressure import COALESCE_AT, coalesce
-from gateway.keys import RUNS
 from gateway.runs.endings import ending
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import ResumeWindowExpired
 from gateway.sse import SlowClient, SSEWriter
 from tests.support.gateway import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from workers.detokenizer import IncrementalDetokenizer
-from workers.request import RequestStatus, Sequence
-from workers.sampling import SamplingParams
+from workers.request import RequestStatus, SequenceState
+from workers.sampling_params import SamplingParams
 from workers.stop import StopContext, StopStringHoldback, check_stop
 
 
@@ -57,9 +57,9 @@ def test_flush_releases_what_was_held() -> None:
     assert holdback.pending == ""
 
 
-def make_sequence(params: SamplingParams, prompt_len: int = 2) -> Sequence:
+def make_sequence(params: SamplingParams, prompt_len: int = 2) -> SequenceState:
     table = [b"a", b"b", b"c", b""]  # id 3: a special token
-    return Sequence(
+    return SequenceState(
         request_id="r",
         index=0,
         params=params,
@@ -71,7 +71,7 @@ def make_sequence(params: SamplingParams, prompt_len: int = 2) -> Sequence:
     )
 
 
-def step(seq: Sequence, token_id: int, ctx: StopContext) -> RequestStatus | None:
+def step(seq: SequenceState, token_id: int, ctx: StopContext) -> RequestStatus | None:
     seq.append_token(token_id, None)
     return check_stop(seq, token_id, ctx)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.protocol import BadRequest, parse_generate
-from workers.sampling import SamplingParams
+from workers.sampling_params import SamplingParams
 
 
 def body(**overrides) -> dict:

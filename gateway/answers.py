@@ -16,12 +16,12 @@ import structlog
 from aiohttp import web
 
 from adapters.to_openai import completion_chunks
+from gateway.app_keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.backpressure import coalesce
 from gateway.errors import APIError, internal_error
-from gateway.keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.runs.endings import store_unavailable_error
 from gateway.runs.manager import RunManager
-from gateway.runs.state import RunStatus
+from gateway.runs.status import RunStatus
 from gateway.runs.store import ResumeWindowExpired, StoreUnavailable, TerminalRecord, UnknownRun
 from gateway.sse import SlowClient, SSEWriter
 

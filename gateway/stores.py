@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.keys import DEFERRED, IDEMPOTENCY, LEDGER, METRICS, QUOTAS, REDIS, RUNS, SETTINGS
+from gateway.app_keys import DEFERRED, IDEMPOTENCY, LEDGER, METRICS, QUOTAS, REDIS, RUNS, SETTINGS
 from gateway.ledger import JsonlLedger, RedisLedger, default_usage_file
 from gateway.redis_client import SharedRedis
 from gateway.runs.manager import RunManager

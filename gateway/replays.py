@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway.app_keys import IDEMPOTENCY, METRICS, RUNS, SETTINGS
 from gateway.errors import APIError, invalid_request
-from gateway.keys import IDEMPOTENCY, METRICS, RUNS, SETTINGS
 from gateway.runs.store import TerminalRecord, UnknownRun, terminal_from_json, terminal_to_json
 from policies.idempotency import body_fingerprint, validate_key
 

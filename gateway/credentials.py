@@ -12,7 +12,7 @@ from dataclasses import replace
 import structlog
 from aiohttp import web
 
-from gateway.keys import AUTH, SETTINGS
+from gateway.app_keys import AUTH, SETTINGS
 from gateway.settings import Settings
 from policies.auth import Authenticator
 from policies.tenants import TenantsConfig, load_tenants, single_tenant
