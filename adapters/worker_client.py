@@ -9,7 +9,6 @@ abort at its next step boundary, but nothing comes back.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import orjson
@@ -27,54 +26,48 @@ from adapters.events import (
 )
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
+from workers import api
 
-API_VERSION = 1
 _PASSED_CODES = frozenset({"context_length_exceeded", "invalid_type", "invalid_value"})
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
-def generate_body(request: ChatRequest, request_id: str) -> dict[str, Any]:
+def generate_request(request: ChatRequest, request_id: str) -> api.GenerateRequest:
     """The worker's `/v1/generate` body for a chat request."""
-    return {
-        "request_id": request_id,
-        "messages": [{"role": m.role, "content": m.content or ""} for m in request.messages],
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "seed": request.seed,
-        "stop": request.stop,
-        "n": request.n,
-        "presence_penalty": request.presence_penalty,
-        "frequency_penalty": request.frequency_penalty,
-        "logprobs": request.logprobs,
-        "top_logprobs": request.top_logprobs,
-    }
+    return api.GenerateRequest(
+        request_id=request_id,
+        messages=[{"role": m.role, "content": m.content or ""} for m in request.messages],
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=request.stop,
+        n=request.n,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs,
+    )
 
 
-def _to_event(record: dict[str, Any]) -> Event | None:
-    kind = record.get("type")
-    if kind == "text":
-        return TextDelta(
-            record["text"], record.get("index", 0), record.get("tokens", 1), record.get("logprobs")
-        )
-    if kind == "finish":
-        if record["reason"] == "abort":
+def to_event(line: api.Line) -> Event:
+    """The internal event for one line of the worker's stream."""
+    kind = type(line)
+    if kind is api.TextLine:
+        return TextDelta(line.text, line.index, line.tokens, line.logprobs)
+    if kind is api.FinishLine:
+        if line.reason == "abort":
             return Aborted(
-                record.get("index", 0),
-                record.get("completion_tokens", 0),
-                record.get("tail_tokens", 0),
-                record.get("stop_latency_ms"),
+                line.index, line.completion_tokens, line.tail_tokens or 0, line.stop_latency_ms
             )
-        return Finish(record["reason"], record.get("index", 0))
-    if kind == "admitted":
+        return Finish(line.reason, line.index)
+    if kind is api.AdmittedLine:
         return Admitted()
-    if kind == "start":
+    if kind is api.StartLine:
         return Accepted()
-    if kind == "usage":
-        return Usage(record["prompt_tokens"], record["completion_tokens"])
-    if kind == "error":
-        return ErrorEvent("worker_error", "The model worker failed while generating.")
-    return None  # future record types carry nothing the gateway relays
+    if kind is api.UsageLine:
+        return Usage(line.prompt_tokens, line.completion_tokens)
+    return ErrorEvent("worker_error", "The model worker failed while generating.")
 
 
 class WorkerAdapter:
@@ -108,7 +101,7 @@ class WorkerAdapter:
                 info = orjson.loads(await resp.read())
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendUnavailable(f"worker {self.name} is unreachable") from exc
-        if info.get("api_version") != API_VERSION:
+        if info.get("api_version") != api.API_VERSION:
             raise BackendFailed(f"worker {self.name} speaks API version {info.get('api_version')}")
         self._model = ModelInfo(info["id"], max_model_len=info.get("max_model_len"))
         self._max_body = info.get("max_body_bytes")
@@ -137,7 +130,7 @@ class WorkerAdapter:
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         assert self._session is not None
-        body = orjson.dumps(generate_body(request, request_id))
+        body = generate_request(request, request_id).to_json()
         if self._max_body is not None and len(body) > self._max_body:
             # NOTE: only a worker started with a lower --max-body-bytes than the gateway's
             # limit gets here; the client hears what it would have heard from the gateway.
@@ -155,7 +148,7 @@ class WorkerAdapter:
                 await _raise_for_status(resp)
             lines = LineSplitter()
             async for data in resp.content.iter_any():
-                batch = [e for line in lines.feed(data) if (e := _to_event(orjson.loads(line)))]
+                batch = [to_event(line) for raw in lines.feed(data) if (line := api.decode(raw))]
                 if batch:
                     yield batch
         except (aiohttp.ClientError, OSError) as exc:

@@ -15,11 +15,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
 
 import structlog
 
-from workers import protocol
+from workers import api
 from workers.engine import ENGINE_ERROR, Engine
 from workers.engine_outputs import EngineStats, RequestOutput
 from workers.request import EngineRequest
@@ -94,7 +93,7 @@ class AsyncEngine:
     def fits(self, prompt_len: int, max_tokens: int | None) -> bool:
         return self._engine.fits(prompt_len, max_tokens)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         """Yield the worker-api events of one request: `start`, then what the engine produces."""
         if not self.is_running:
             raise EngineNotRunning("the engine loop is not running")
@@ -106,7 +105,7 @@ class AsyncEngine:
             self._inbox.append(request)
             self._cond.notify()
         try:
-            yield protocol.start_event(len(request.prompt_ids))
+            yield api.StartLine(len(request.prompt_ids))
             while True:
                 output = await queue.get()
                 for event in output.events:
@@ -173,7 +172,7 @@ class AsyncEngine:
         message = "the worker is shutting down"
         with self._cond:
             never_started, self._inbox = self._inbox, []
-        event = protocol.error_event(SHUTTING_DOWN, message)
+        event = api.ErrorLine(SHUTTING_DOWN, message)
         outputs = [RequestOutput(r.request_id, [event], finished=True) for r in never_started]
         self._hand_over(outputs + engine.fail_all(SHUTTING_DOWN, message))
 
@@ -183,7 +182,7 @@ class AsyncEngine:
             try:
                 self._engine.add_request(request)
             except ValueError as e:
-                event = protocol.error_event("duplicate_request_id", str(e))
+                event = api.ErrorLine("duplicate_request_id", str(e))
                 outputs.append(RequestOutput(request.request_id, [event], finished=True))
         return outputs
 

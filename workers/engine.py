@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 import torch
 
-from workers import protocol
+from workers import api
 from workers.block_manager import BlockManager
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import CapacityError, EngineStats, RequestOutput
@@ -246,7 +246,7 @@ class Engine:
                 )
                 seq.status = RequestStatus.FINISHED_ABORTED
                 self._out(outputs, request_id).events.append(
-                    protocol.abort_event(
+                    api.abort_line(
                         seq.index, seq.num_output_tokens, int(in_flight), max(0.0, now - arrived)
                     )
                 )
@@ -264,7 +264,7 @@ class Engine:
             req = self._requests[seq.request_id]
             if not req.admitted:
                 req.admitted = True
-                self._out(outputs, req.request_id).events.append(protocol.admitted_event())
+                self._out(outputs, req.request_id).events.append(api.AdmittedLine())
 
     def _fork_children(self, leader: SequenceState) -> list[SequenceState]:
         """The leader just computed the prompt: its siblings start from its KV."""
@@ -359,9 +359,7 @@ class Engine:
         event = seq.take_text_event()
         if event is not None:
             out.events.append(event)
-        out.events.append(
-            protocol.finish_event(seq.index, FINISH_REASON[status], seq.num_output_tokens)
-        )
+        out.events.append(api.FinishLine(seq.index, FINISH_REASON[status], seq.num_output_tokens))
         self.scheduler.finish(seq)
 
     def _fail(
@@ -374,7 +372,7 @@ class Engine:
             self.scheduler.finish(seq)
         req.status = RequestStatus.FINISHED_ERROR
         out = self._out(outputs, req.request_id)
-        out.events.append(protocol.error_event(code, message))
+        out.events.append(api.ErrorLine(code, message))
         out.finished = True
 
     def _retire(self, outputs: dict[str, RequestOutput]) -> None:
@@ -385,6 +383,6 @@ class Engine:
                     continue
                 req.status = max(s.status for s in req.sequences)
                 out = self._out(outputs, req.request_id)
-                out.events.append(protocol.usage_event(len(req.prompt_ids), req.completion_tokens))
+                out.events.append(api.UsageLine(len(req.prompt_ids), req.completion_tokens))
                 out.finished = True
             del self._requests[req.request_id]

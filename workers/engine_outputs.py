@@ -5,7 +5,8 @@ metrics) depend on these types, not on the engine's internals."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from workers.api import Line
 
 
 class CapacityError(ValueError):
@@ -17,7 +18,7 @@ class RequestOutput:
     """Events produced for one request in one step; `finished` when it sent its last event."""
 
     request_id: str
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Line] = field(default_factory=list)
     finished: bool = False
 
 

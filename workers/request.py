@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workers import protocol
+from workers import api
 from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -131,13 +131,13 @@ class SequenceState:
         if released:
             self.unsent_text.append(released)
 
-    def take_text_event(self) -> dict[str, Any] | None:
+    def take_text_event(self) -> api.TextLine | None:
         """A `text` line with everything released since the last one, or None if no text."""
         if not self.unsent_text:
             return None
         text = "".join(self.unsent_text)
         logprobs = self.unsent_logprobs if self.params.logprobs else None
-        event = protocol.text_event(self.index, text, self.unsent_tokens, logprobs)
+        event = api.TextLine(self.index, text, self.unsent_tokens, logprobs)
         self.unsent_text, self.unsent_tokens, self.unsent_logprobs = [], 0, []
         return event
 

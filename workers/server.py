@@ -1,6 +1,6 @@
 """The worker's HTTP API (docs/worker-api.md): thin routes over `WorkerService`.
 
-Routes parse and delegate; protocol.py knows the field names; errors become OpenAI-shaped bodies
+Routes parse and delegate; api.py knows the field names; errors become OpenAI-shaped bodies
 here, in one place, and never carry a stack trace. A closed connection aborts its request: the
 handler is cancelled (the CLI runs aiohttp with `handler_cancellation`) or its next write fails,
 and either way the stream generator is closed, which aborts the request in the engine.
@@ -18,11 +18,11 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from workers import protocol
+from workers import api
+from workers.api import BadRequest
 from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
 from workers.async_engine import DuplicateRequest, EngineNotRunning
 from workers.config import WorkerConfig
-from workers.protocol import BadRequest
 from workers.service import LoadedModel, WorkerService
 
 log = structlog.get_logger("sluice.worker.http")
@@ -37,7 +37,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> web.Response:
     type_ = "invalid_request_error" if status < 500 else "server_error"
-    return _json(protocol.error_body(message, code, param, type_), status)
+    return _json(api.error_body(message, code, param, type_), status)
 
 
 def _not_ready() -> web.Response:
@@ -115,7 +115,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not service.is_ready:
         return _not_ready()
     try:
-        parsed = protocol.parse_generate(await _read_json(request))
+        parsed = api.parse_generate(await _read_json(request))
         engine_request = await service.prepare(parsed)
     except BadRequest as e:
         return _error(400, e.message, e.code, e.param)
@@ -138,19 +138,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return response
         except Exception as e:  # after the 200: one error line, logged here without a trace
             log.error("stream failed", request_id=engine_request.request_id, error=type(e).__name__)
-            line = protocol.error_event("internal_error", "the stream failed")
+            line = api.ErrorLine("internal_error", "the stream failed")
             with contextlib.suppress(ConnectionResetError):
-                await response.write(orjson.dumps(line) + b"\n")
+                await response.write(api.encode(line))
     await response.write_eof()
     return response
 
 
 async def _stream(
-    response: web.StreamResponse, first: dict[str, Any], events: AsyncIterator[dict[str, Any]]
+    response: web.StreamResponse, first: api.Line, events: AsyncIterator[api.Line]
 ) -> None:
-    await response.write(orjson.dumps(first) + b"\n")
-    async for event in events:
-        await response.write(orjson.dumps(event) + b"\n")
+    await response.write(api.encode(first))
+    async for line in events:
+        await response.write(api.encode(line))
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -18,7 +18,8 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from workers import protocol
+from workers import api
+from workers.api import BadRequest, GenerateBody
 from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, render_prompt
 from workers.config import WorkerConfig
@@ -32,7 +33,6 @@ from workers.model_loader import (
     resolve_model_path,
     served_model_id,
 )
-from workers.protocol import BadRequest, GenerateBody
 from workers.request import EngineRequest
 
 log = structlog.get_logger("sluice.worker")
@@ -122,7 +122,7 @@ class WorkerService:
             "vocab_size": model.config.vocab_size,
             "device": next(model.parameters()).device.type,
             "dtype": dtype_name(model.dtype),
-            "api_version": protocol.API_VERSION,
+            "api_version": api.API_VERSION,
             "max_body_bytes": self.config.max_body_bytes,
         }
 
@@ -153,7 +153,7 @@ class WorkerService:
             )
         return EngineRequest(body.request_id, prompt_ids, body.params)
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[dict[str, Any]]:
+    def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         return self._require_engine().generate(request)
 
     def abort(self, request_id: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.worker_lines import wire
 from workers.chat import render_prompt
 from workers.engine import Engine
 from workers.model_loader import DEFAULT_MODEL_ID, load_model, resolve_model_path, served_model_id
@@ -28,7 +29,7 @@ def test_default_model_answers_the_capital_of_france() -> None:
     events = []
     while engine.has_unfinished():
         for output in engine.step():
-            events.extend(output.events)
+            events.extend(wire(output.events))
     text = "".join(e["text"] for e in events if e["type"] == "text")
     assert "Paris" in text
     with torch.inference_mode():

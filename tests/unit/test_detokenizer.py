@@ -43,7 +43,7 @@ def feed(seq: SequenceState, token_ids: list[int], ctx: StopContext) -> tuple[li
             seq.flush_text()  # as the engine does; a no-op after a stop string
         event = seq.take_text_event()
         if event is not None:
-            texts.append(event["text"])
+            texts.append(event.text)
         if status is not None:
             return texts, status
     return texts, None
@@ -76,7 +76,7 @@ def test_text_lines_carry_the_tokens_generated_since_the_previous_line() -> None
         seq.append_token(token_id, None)
         assert check_stop(seq, token_id, ctx) is None
         event = seq.take_text_event()
-        counts.append(None if event is None else (event["text"], event["tokens"]))
+        counts.append(None if event is None else (event.text, event.tokens))
     assert counts == [None, ("你", 2), None, ("好", 2)]
 
 

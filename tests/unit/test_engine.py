@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.worker_lines import wire
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
@@ -57,7 +58,7 @@ def run(engine: Engine, results: dict[str, Result] | None = None) -> dict[str, R
     results = results if results is not None else defaultdict(Result)
     while engine.has_unfinished():
         for out in engine.step():
-            results[out.request_id].events.extend(out.events)
+            results[out.request_id].events.extend(wire(out.events))
     return results
 
 
@@ -98,12 +99,12 @@ def test_abort_mid_decode_stops_at_the_next_step(engine: Engine, tiny) -> None:
     results: dict[str, Result] = defaultdict(Result)
     for _ in range(4):
         for out in engine.step():
-            results[out.request_id].events.extend(out.events)
+            results[out.request_id].events.extend(wire(out.events))
     assert engine.abort("a") is True
     assert engine.abort("a") is True  # idempotent while pending
     outputs = {out.request_id: out for out in engine.step()}
     assert outputs["a"].finished
-    finish, usage = outputs["a"].events
+    finish, usage = wire(outputs["a"].events)
     assert finish["stop_latency_ms"] >= 0
     assert {k: v for k, v in finish.items() if k != "stop_latency_ms"} == {
         "type": "finish",
@@ -130,7 +131,7 @@ def test_abort_of_a_waiting_request(tiny) -> None:
     assert (engine.stats().running, engine.stats().waiting) == (1, 1)
     engine.abort("second")
     outputs = {out.request_id: out for out in engine.step()}
-    finish = outputs["second"].events[0]
+    finish = wire(outputs["second"].events)[0]
     assert (finish["type"], finish["reason"], finish["completion_tokens"]) == ("finish", "abort", 0)
     assert finish["tail_tokens"] == 0
     assert (engine.stats().running, engine.stats().waiting) == (1, 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.worker_lines import wire
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
@@ -33,7 +34,7 @@ def run(engine: Engine) -> dict[str, list[dict[str, Any]]]:
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     while engine.has_unfinished():
         for out in engine.step():
-            events[out.request_id].extend(out.events)
+            events[out.request_id].extend(wire(out.events))
     return events
 
 
@@ -51,7 +52,7 @@ def test_admitted_comes_once_in_the_first_scheduled_step_before_text(tiny) -> No
     ids = encode(tokenizer, "Hello")
     submit(engine, "first", ids, max_tokens=3, temperature=0.0, ignore_eos=True)
     submit(engine, "second", ids, max_tokens=3, temperature=0.0, ignore_eos=True)
-    step = {out.request_id: out.events for out in engine.step()}
+    step = {out.request_id: wire(out.events) for out in engine.step()}
     assert list(step) == ["first"]  # "second" waits for the only slot: no line yet
     assert step["first"][0] == ADMITTED and step["first"][1]["type"] == "text"
     events = defaultdict(list, {"first": step["first"]})
@@ -68,8 +69,8 @@ def test_chunked_prefill_is_admitted_in_its_first_chunk(tiny) -> None:
     assert len(ids) > 32, "the prompt must need several prefill chunks"
     submit(engine, "r", ids, max_tokens=4, temperature=0.0, ignore_eos=True)
     (first,) = engine.step()
-    assert first.events == [ADMITTED]  # computing the prompt, nothing to say yet
-    assert_admitted_once_first(first.events + run(engine)["r"])
+    assert wire(first.events) == [ADMITTED]  # computing the prompt, nothing to say yet
+    assert_admitted_once_first(wire(first.events) + run(engine)["r"])
 
 
 def test_n_3_is_admitted_once(tiny) -> None:

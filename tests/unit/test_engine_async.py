@@ -44,7 +44,7 @@ async def wait_idle(engine: AsyncEngine) -> None:
 
 
 async def test_a_stream_is_start_admitted_text_finish_usage(engine: AsyncEngine) -> None:
-    events = [e async for e in engine.generate(request("r", temperature=0.0))]
+    events = [e.wire() async for e in engine.generate(request("r", temperature=0.0))]
     assert events[0] == {"type": "start", "prompt_tokens": 3}
     assert events[1] == {"type": "admitted"}
     assert {e["type"] for e in events[2:-2]} == {"text"}
@@ -56,8 +56,8 @@ async def test_cancelling_the_consumer_aborts_the_request(engine: AsyncEngine) -
     first_text = asyncio.Event()
 
     async def consume() -> None:
-        async for event in engine.generate(request("long", max_tokens=1000)):
-            if event["type"] == "text":
+        async for line in engine.generate(request("long", max_tokens=1000)):
+            if line.type == "text":
                 first_text.set()
 
     task = asyncio.create_task(consume())
@@ -75,8 +75,8 @@ async def test_cancelling_the_consumer_aborts_the_request(engine: AsyncEngine) -
 async def test_closing_the_stream_early_aborts_the_request(engine: AsyncEngine) -> None:
     stream = engine.generate(request("long", max_tokens=1000))
     async with contextlib.aclosing(stream):
-        async for event in stream:
-            if event["type"] == "text":
+        async for line in stream:
+            if line.type == "text":
                 break
     await wait_idle(engine)
     assert engine.stats().generated_tokens_total < 1000
@@ -85,9 +85,9 @@ async def test_closing_the_stream_early_aborts_the_request(engine: AsyncEngine) 
 
 async def test_abort_by_id_ends_the_stream_with_abort(engine: AsyncEngine) -> None:
     events = []
-    async for event in engine.generate(request("r", max_tokens=1000)):
-        events.append(event)
-        if event["type"] == "text" and len(events) == 3:
+    async for line in engine.generate(request("r", max_tokens=1000)):
+        events.append(line.wire())
+        if line.type == "text" and len(events) == 3:
             assert engine.abort("r") is True
     finish, usage = events[-2:]
     assert (finish["type"], finish["reason"]) == ("finish", "abort")
@@ -125,9 +125,9 @@ async def test_stop_ends_live_streams_with_an_error(tiny) -> None:
     streaming = asyncio.Event()
 
     async def consume() -> None:
-        async for event in engine.generate(request("r", max_tokens=1000)):
-            events.append(event)
-            if event["type"] == "text":
+        async for line in engine.generate(request("r", max_tokens=1000)):
+            events.append(line.wire())
+            if line.type == "text":
                 streaming.set()
 
     task = asyncio.create_task(consume())

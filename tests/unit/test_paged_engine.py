@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 import torch
 
+from tests.support.worker_lines import wire
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
@@ -46,7 +47,7 @@ def run(engine: Engine) -> dict[str, list[dict]]:
     events: dict[str, list[dict]] = defaultdict(list)
     while engine.has_unfinished():
         for out in engine.step():
-            events[out.request_id].extend(out.events)
+            events[out.request_id].extend(wire(out.events))
     return events
 
 
@@ -96,7 +97,7 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_computes_only_new_tokens(ti
     cached = (len(ids) - 1) // 8 * 8
     assert engine.stats().prefix_cache_hits == hits + cached
     assert engine.stats().last_step_tokens == len(ids) - cached
-    again = out.events + run(engine)["again"]
+    again = wire(out.events) + run(engine)["again"]
     assert text_of(again) == text_of(first["first"])
     assert_no_leaks(engine)
 
@@ -134,7 +135,7 @@ def test_abort_mid_prefill_stops_at_the_next_step_without_a_token(tiny):
     engine.step()
     engine.abort("r")
     (out,) = engine.step()
-    finish, usage = out.events
+    finish, usage = wire(out.events)
     assert {k: finish[k] for k in ("type", "index", "reason", "completion_tokens")} == {
         "type": "finish",
         "index": 0,
@@ -159,8 +160,8 @@ def test_abort_mid_decode_stops_within_one_step(tiny):
     engine.abort("r")  # idempotent
     (out,) = engine.step()
     assert engine.stats().generated_tokens_total == generated
-    assert out.events[0]["reason"] == "abort" and out.events[0]["tail_tokens"] == 0
-    assert out.events[0]["completion_tokens"] == generated
+    assert wire(out.events)[0]["reason"] == "abort" and wire(out.events)[0]["tail_tokens"] == 0
+    assert wire(out.events)[0]["completion_tokens"] == generated
     assert not engine.abort("r")  # finished: a no-op
     assert_no_leaks(engine)
 
@@ -174,8 +175,8 @@ def test_an_abort_that_arrived_during_a_step_counts_that_steps_token_as_tail(tin
     engine.step()
     engine.abort("r", arrived_at=arrived)
     (out,) = engine.step()
-    assert out.events[0]["tail_tokens"] == 1
-    assert out.events[0]["completion_tokens"] == 2
+    assert wire(out.events)[0]["tail_tokens"] == 1
+    assert wire(out.events)[0]["completion_tokens"] == 2
 
 
 def test_random_aborts_over_200_requests_leak_no_blocks(tiny):

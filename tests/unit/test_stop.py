@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from workers.api import TextLine
 from workers.detokenizer import IncrementalDetokenizer
 from workers.request import RequestStatus, SequenceState
 from workers.sampling_params import SamplingParams
@@ -89,13 +90,13 @@ def test_ignore_eos_keeps_going_and_shows_nothing_for_it() -> None:
     seq = make_sequence(SamplingParams(max_tokens=5, ignore_eos=True))
     assert step(seq, 3, CTX) is None
     assert step(seq, 0, CTX) is None
-    assert seq.take_text_event() == {"type": "text", "index": 0, "text": "a", "tokens": 2}
+    assert seq.take_text_event() == TextLine(0, "a", 2)
 
 
 def test_stop_token_id_stops_and_its_text_is_not_shown() -> None:
     seq = make_sequence(SamplingParams(max_tokens=5, stop_token_ids=(1,)))
     assert step(seq, 0, CTX) is None
-    assert seq.take_text_event()["text"] == "a"
+    assert seq.take_text_event().text == "a"
     assert step(seq, 1, CTX) == RequestStatus.FINISHED_STOPPED
     seq.flush_text()
     assert seq.take_text_event() is None

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.protocol import BadRequest, parse_generate
+from workers.api import BadRequest, parse_generate
 from workers.sampling_params import SamplingParams
 
 

@@ -1,15 +1,19 @@
-"""The worker API's wire format (docs/worker-api.md): request parsing and the NDJSON events.
+"""The worker API (docs/worker-api.md), defined once for both ends: the `/v1/generate` body, the
+NDJSON lines of its stream, and the error body.
 
-The only module that knows the field names of `/v1/generate`, so the server stays thin and the
-engine builds events through these helpers. Parsing is strict about types (a bool is not an int)
-and names the offending field; unknown fields are ignored.
+The worker server parses bodies and serialises lines with it; the engine produces the line
+types as its typed outputs; the gateway's worker adapter builds bodies and reads lines with it.
+Torch-free, so the gateway imports it without any model code. Parsing is strict about types (a
+bool is not an int) and names the offending field; unknown fields are ignored.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from workers.limits import ROLES
 from workers.sampling_params import InvalidParam, SamplingParams
@@ -147,47 +151,156 @@ def parse_generate(body: Any) -> GenerateBody:
     return GenerateBody(request_id, messages, params)
 
 
-def start_event(prompt_tokens: int) -> dict[str, Any]:
-    return {"type": "start", "prompt_tokens": prompt_tokens}
+# -- the request body ------------------------------------------------------------------------
 
 
-def admitted_event() -> dict[str, Any]:
+@dataclass(slots=True)
+class GenerateRequest:
+    """A `/v1/generate` body as the client (the gateway's adapter) builds it."""
+
+    request_id: str
+    messages: list[dict[str, str]]
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)
+
+
+# -- the stream's lines ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StartLine:
+    """First, once the prompt is tokenized (the request was accepted into the queue)."""
+
+    prompt_tokens: int
+    type: str = "start"
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": "start", "prompt_tokens": self.prompt_tokens}
+
+
+@dataclass(slots=True)
+class AdmittedLine:
     """Once per request, when the engine first schedules it: it has left the queue."""
-    return {"type": "admitted"}
+
+    type: str = "admitted"
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": "admitted"}
 
 
-def text_event(
-    index: int, text: str, tokens: int, logprobs: list[dict[str, Any]] | None
-) -> dict[str, Any]:
-    event: dict[str, Any] = {"type": "text", "index": index, "text": text, "tokens": tokens}
-    if logprobs is not None:
-        event["logprobs"] = logprobs
-    return event
+@dataclass(slots=True)
+class TextLine:
+    """Released text of one choice; `tokens` is how many generated tokens it carries."""
+
+    index: int
+    text: str
+    tokens: int
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI's `content` list, when asked for
+    type: str = "text"
+
+    def wire(self) -> dict[str, Any]:
+        out = {"type": "text", "index": self.index, "text": self.text, "tokens": self.tokens}
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
 
 
-def finish_event(index: int, reason: str, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "type": "finish",
-        "index": index,
-        "reason": reason,
-        "completion_tokens": completion_tokens,
-    }
+@dataclass(slots=True)
+class FinishLine:
+    """A choice is done. With reason `abort`, also what the abort cost: tokens generated after
+    it arrived and the time from its arrival to the step boundary where the sequence stopped."""
+
+    index: int
+    reason: str  # stop | length | abort
+    completion_tokens: int
+    tail_tokens: int | None = None
+    stop_latency_ms: float | None = None
+    type: str = "finish"
+
+    def wire(self) -> dict[str, Any]:
+        out = {
+            "type": "finish",
+            "index": self.index,
+            "reason": self.reason,
+            "completion_tokens": self.completion_tokens,
+        }
+        if self.reason == "abort":
+            out["tail_tokens"] = self.tail_tokens
+            out["stop_latency_ms"] = self.stop_latency_ms
+        return out
 
 
-def abort_event(
+@dataclass(slots=True)
+class UsageLine:
+    """Last line of a normal stream (completion tokens summed over choices)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    type: str = "usage"
+
+    def wire(self) -> dict[str, Any]:
+        out = {"type": "usage", "prompt_tokens": self.prompt_tokens}
+        return out | {"completion_tokens": self.completion_tokens}
+
+
+@dataclass(slots=True)
+class ErrorLine:
+    """The engine failed this request; last line."""
+
+    code: str
+    message: str
+    type: str = "error"
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": "error", "code": self.code, "message": self.message}
+
+
+Line = StartLine | AdmittedLine | TextLine | FinishLine | UsageLine | ErrorLine
+_LINES: dict[str, type] = {
+    "start": StartLine,
+    "admitted": AdmittedLine,
+    "text": TextLine,
+    "finish": FinishLine,
+    "usage": UsageLine,
+    "error": ErrorLine,
+}
+
+
+def abort_line(
     index: int, completion_tokens: int, tail_tokens: int, stop_latency_s: float
-) -> dict[str, Any]:
-    """`finish` with reason `abort`, plus what the abort cost: tokens generated after it arrived
-    and the time from its arrival to the step boundary where the sequence stopped."""
-    event = finish_event(index, "abort", completion_tokens)
-    event["tail_tokens"] = tail_tokens
-    event["stop_latency_ms"] = round(stop_latency_s * 1000, 3)
-    return event
+) -> FinishLine:
+    return FinishLine(
+        index, "abort", completion_tokens, tail_tokens, round(stop_latency_s * 1000, 3)
+    )
 
 
-def usage_event(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"type": "usage", "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+def encode(line: Line) -> bytes:
+    """One NDJSON line (optional fields only where they apply, as docs/worker-api.md says)."""
+    return orjson.dumps(line.wire()) + b"\n"
 
 
-def error_event(code: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "code": code, "message": message}
+def decode(raw: bytes) -> Line | None:
+    """One line read back; None for a line type this version does not know (skipped)."""
+    record = orjson.loads(raw)
+    kind = _LINES.get(record.pop("type", None))
+    if kind is None:
+        return None
+    try:
+        return kind(**record)
+    except TypeError:  # fields a newer worker added: read what this version knows
+        known = kind.__dataclass_fields__
+        return kind(**{k: v for k, v in record.items() if k in known})
