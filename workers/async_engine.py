@@ -20,7 +20,7 @@ import structlog
 
 from workers import api
 from workers.engine import ENGINE_ERROR, Engine
-from workers.engine_outputs import EngineStats, RequestOutput
+from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.request import EngineRequest
 
 log = structlog.get_logger("sluice.worker.loop")
@@ -52,6 +52,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._orphans: set[str] = set()  # streams closed early whose requests the engine holds
         self._stats = engine.stats()
 
     @property
@@ -80,7 +81,8 @@ class AsyncEngine:
         with self._cond:
             return replace(self._stats, waiting=self._stats.waiting + len(self._inbox))
 
-    def has_stream(self, request_id: str) -> bool:
+    def holds(self, request_id: str) -> bool:
+        """Whether the id is taken: its stream is live, or its request still in the engine."""
         return request_id in self._streams
 
     def abort(self, request_id: str) -> bool:
@@ -90,11 +92,16 @@ class AsyncEngine:
         self._send_abort(request_id)
         return True
 
-    def fits(self, prompt_len: int, max_tokens: int | None) -> bool:
-        return self._engine.fits(prompt_len, max_tokens)
+    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
+        """Raises ContextTooLong for a request that can never run here (Engine.check_fits)."""
+        self._engine.check_fits(prompt_len, max_tokens)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
-        """Yield the worker-api events of one request: `start`, then what the engine produces."""
+        """Yield the worker-api lines of one request: `start`, then what the engine produces.
+
+        NOTE: this is the one place a live request id is refused again (DuplicateRequest): an id
+        stays taken until the engine has let go of its request, also when its stream was closed
+        early (the abort takes effect at the next step boundary; the id is free after that)."""
         if not self.is_running:
             raise EngineNotRunning("the engine loop is not running")
         if request.request_id in self._streams:
@@ -104,6 +111,7 @@ class AsyncEngine:
         with self._cond:
             self._inbox.append(request)
             self._cond.notify()
+        finished = False
         try:
             yield api.StartLine(len(request.prompt_ids))
             while True:
@@ -111,13 +119,16 @@ class AsyncEngine:
                 for event in output.events:
                     yield event
                 if output.finished:
+                    finished = True
                     return
         except (asyncio.CancelledError, GeneratorExit):
             self._send_abort(request.request_id)
             raise
         finally:
-            if self._streams.get(request.request_id) is queue:
-                del self._streams[request.request_id]
+            if finished or not self.is_running:
+                self._streams.pop(request.request_id, None)
+            else:
+                self._orphans.add(request.request_id)  # released when the engine lets go
 
     # -- the loop side ---------------------------------------------------------------------------
 
@@ -129,6 +140,11 @@ class AsyncEngine:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
+            if output.request_id in self._orphans:  # nobody reads it any more
+                if output.finished:
+                    self._orphans.discard(output.request_id)
+                    self._streams.pop(output.request_id, None)
+                continue
             queue = self._streams.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
@@ -181,8 +197,8 @@ class AsyncEngine:
         for request in new:
             try:
                 self._engine.add_request(request)
-            except ValueError as e:
-                event = api.ErrorLine("duplicate_request_id", str(e))
+            except ContextTooLong as e:  # a caller that did not check first (the service does)
+                event = api.ErrorLine("context_length_exceeded", str(e))
                 outputs.append(RequestOutput(request.request_id, [event], finished=True))
         return outputs
 

@@ -12,7 +12,7 @@ longest.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,7 +55,9 @@ class BlockManager:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_ids: deque[int] = deque(range(num_blocks))
+        # NOTE: an ordered dict as the LRU free list: take the oldest, take a given one (a
+        # prefix-cache hit on a freed block) and free, all O(1).
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.prefix_hits = 0
         self.prefix_queries = 0
@@ -82,9 +84,9 @@ class BlockManager:
     def _take(self, block_id: int | None = None) -> int:
         """A free block (the least recently freed, or a specific one), no longer findable."""
         if block_id is None:
-            block_id = self.free_ids.popleft()
+            block_id, _ = self.free_ids.popitem(last=False)
         else:
-            self.free_ids.remove(block_id)
+            del self.free_ids[block_id]
         block = self.blocks[block_id]
         if block.hash != NO_HASH and self.hash_to_block.get(block.hash) == block_id:
             del self.hash_to_block[block.hash]
@@ -125,7 +127,7 @@ class BlockManager:
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                self.free_ids.remove(block_id)  # back from the free list, hash kept
+                del self.free_ids[block_id]  # back from the free list, hash kept
             block.ref_count += 1
         seq.block_table = hits + [
             self._take() for _ in range(self.blocks_for(len(seq.token_ids)) - len(hits))
@@ -168,7 +170,7 @@ class BlockManager:
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
-                self.free_ids.append(block_id)
+                self.free_ids[block_id] = None
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0

@@ -21,7 +21,7 @@ import torch
 from workers import api
 from workers.block_manager import BlockManager
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
-from workers.engine_outputs import CapacityError, EngineStats, RequestOutput
+from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.kv_cache import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheShape,
@@ -97,13 +97,14 @@ class Engine:
             num_kv_blocks = blocks_for_budget(shape, block_size, parse_bytes(kv_cache_memory), cap)
         device = next(model.parameters()).device
         self.cache = KVCache(shape, num_kv_blocks, block_size, device)
-        self.blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(blocks, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(model, self.cache)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
         self.stop_ctx = StopContext(_eos_ids(model, tokenizer), self.max_model_len)
         self._requests: dict[str, Request] = {}
+        self._ending: set[str] = set()  # requests a sequence of which finished this step
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
         self._step_index = 0
         self._last_step_ended = 0.0
@@ -113,15 +114,13 @@ class Engine:
     # -- the interface --------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request. Raises ValueError if its id is live, CapacityError if it can never
-        fit in the KV cache."""
-        if request.request_id in self._requests:
-            raise ValueError(f"request {request.request_id!r} is already running")
+        """Queue a request. Raises ContextTooLong when it can never run here (see check_fits).
+        Request ids are unique among live requests: the async loop is where that is checked."""
+        assert request.request_id not in self._requests, "a live request id was given again"
         params = request.params
+        self.check_fits(len(request.prompt_ids), params.max_tokens)
         budget = self.max_model_len - len(request.prompt_ids)
         max_tokens = min(params.max_tokens or budget, budget)
-        if not self.fits(len(request.prompt_ids), max_tokens):
-            raise CapacityError("the prompt plus max_tokens does not fit in this worker's KV cache")
         sequences = [
             SequenceState(
                 request_id=request.request_id,
@@ -136,14 +135,31 @@ class Engine:
             for i in range(params.n)
         ]
         req = Request(request.request_id, request.prompt_ids, params, sequences)
+        req.unforked = sequences[1:]  # they fork from the first once it computed the prompt
         self._requests[req.request_id] = req
         req.status = RequestStatus.RUNNING
-        self.scheduler.add(sequences[0])  # the others fork from it once the prompt is computed
+        self.scheduler.add(sequences[0])
 
-    def fits(self, prompt_len: int, max_tokens: int | None) -> bool:
-        """Whether a request could ever run: one sequence's tokens within the whole cache."""
-        total = min(prompt_len + (max_tokens or self.max_model_len), self.max_model_len)
-        return self.blocks.blocks_for(total) <= self.blocks.num_blocks
+    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
+        """The one check that a request can run here: its prompt within the context, prompt
+        plus `max_tokens` within the context, and one sequence of it within the KV cache."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise ContextTooLong(
+                "messages", f"the prompt is {prompt_len} tokens; this model's context is {limit}"
+            )
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise ContextTooLong(
+                "max_tokens",
+                f"max_tokens is {max_tokens} but only {limit - prompt_len} tokens are left "
+                f"after the {prompt_len}-token prompt",
+            )
+        if not self.scheduler.fits(min(prompt_len + (max_tokens or limit), limit)):
+            raise ContextTooLong(
+                "max_tokens",
+                "the prompt plus max_tokens needs more KV cache than this worker has; "
+                "lower max_tokens",
+            )
 
     def abort(self, request_id: str, arrived_at: float | None = None) -> bool:
         """Mark a live request for abort at the next step; unknown or finished ids are a no-op.
@@ -160,16 +176,17 @@ class Engine:
         return bool(self._requests)
 
     def stats(self) -> EngineStats:
+        s = self.scheduler.stats()
         return EngineStats(
-            waiting=len({s.request_id for s in self.scheduler.waiting}),
-            running=len({s.request_id for s in self.scheduler.running}),
+            waiting=s.waiting,
+            running=s.running,
             generated_tokens_total=self._generated_total,
             last_step_tokens=self._last_step_tokens,
-            preemptions_total=self.scheduler.preemptions,
-            kv_blocks_used=self.blocks.num_used,
-            kv_blocks_total=self.blocks.num_blocks,
-            prefix_cache_hits=self.blocks.prefix_hits,
-            prefix_cache_queries=self.blocks.prefix_queries,
+            preemptions_total=s.preemptions,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            prefix_cache_hits=s.prefix_cache_hits,
+            prefix_cache_queries=s.prefix_cache_queries,
         )
 
     def apply_aborts(self) -> list[RequestOutput]:
@@ -201,9 +218,7 @@ class Engine:
                         outputs,
                     )
             else:
-                for seq, new in scheduled.work:
-                    seq.num_computed_tokens += new
-                    self.blocks.register_computed(seq)
+                self.scheduler.computed(scheduled.work)
                 self._sample_and_postprocess(samplers, logits, outputs)
         self._last_step_ended = time.monotonic()
         self._retire(outputs)
@@ -250,7 +265,7 @@ class Engine:
                         seq.index, seq.num_output_tokens, int(in_flight), max(0.0, now - arrived)
                     )
                 )
-                self.scheduler.finish(seq)
+                self._release(seq)
         self._abort_pending.clear()
 
     def _report_admissions(
@@ -269,24 +284,14 @@ class Engine:
     def _fork_children(self, leader: SequenceState) -> list[SequenceState]:
         """The leader just computed the prompt: its siblings start from its KV."""
         req = self._requests[leader.request_id]
-        children = [
-            s
-            for s in req.sequences[1:]
-            if s.status == RequestStatus.WAITING
-            and not s.block_table
-            and s not in self.scheduler.waiting
-        ]
         forked = []
-        for child in children:
-            # the leader's admission reserved the slots; blocks may still have run short
-            if not self.blocks.can_fork(leader):
-                self.scheduler.add(child)  # computes the prompt itself, mostly from the cache
-                continue
-            partial = self.blocks.fork(leader, child)
-            if partial is not None:
-                self.cache.copy_block(partial, child.block_table[-1])
-            self.scheduler.admit_running(child)
-            forked.append(child)
+        for child in req.unforked:
+            fork = self.scheduler.fork(leader, child)
+            if fork.copy is not None:
+                self.cache.copy_block(*fork.copy)
+            if fork.running:
+                forked.append(child)
+        req.unforked = []
         return forked
 
     def _sample_and_postprocess(
@@ -360,7 +365,7 @@ class Engine:
         if event is not None:
             out.events.append(event)
         out.events.append(api.FinishLine(seq.index, FINISH_REASON[status], seq.num_output_tokens))
-        self.scheduler.finish(seq)
+        self._release(seq)
 
     def _fail(
         self, req: Request, code: str, message: str, outputs: dict[str, RequestOutput]
@@ -369,15 +374,24 @@ class Engine:
             return
         for seq in req.sequences:
             seq.status = RequestStatus.FINISHED_ERROR
-            self.scheduler.finish(seq)
+            self._release(seq)
         req.status = RequestStatus.FINISHED_ERROR
         out = self._out(outputs, req.request_id)
         out.events.append(api.ErrorLine(code, message))
         out.finished = True
 
+    def _release(self, seq: SequenceState) -> None:
+        self.scheduler.release(seq)
+        self._ending.add(seq.request_id)
+
     def _retire(self, outputs: dict[str, RequestOutput]) -> None:
-        """Requests whose sequences are all done leave the engine; a normal end sends usage."""
-        for req in list(self._requests.values()):
+        """Requests whose sequences are all done leave the engine; a normal end sends usage.
+        Only the requests a sequence of which ended since the last call are looked at."""
+        ending, self._ending = self._ending, set()
+        for request_id in ending:
+            req = self._requests.get(request_id)
+            if req is None:
+                continue
             if req.status != RequestStatus.FINISHED_ERROR:
                 if req.live_sequences():
                     continue

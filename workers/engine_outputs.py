@@ -9,8 +9,13 @@ from dataclasses import dataclass, field
 from workers.api import Line
 
 
-class CapacityError(ValueError):
-    """The request can never fit in the KV cache (prompt plus max_tokens)."""
+class ContextTooLong(ValueError):
+    """The request can never run here: too long for the context or the KV cache; `param` is
+    the field to change (`messages` or `max_tokens`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(slots=True)

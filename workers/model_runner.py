@@ -31,8 +31,11 @@ class ModelRunner:
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
     def _decode_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
-        lengths = torch.tensor([s.num_computed_tokens + 1 for s in decodes], device=self.device)
-        width = -(-int(lengths.max()) // self.block_size)
+        # NOTE: the widest context comes from the host's own numbers: taking it from the device
+        # tensor would make the CPU wait for the GPU every step.
+        host_lengths = [s.num_computed_tokens + 1 for s in decodes]
+        width = -(-max(host_lengths) // self.block_size)
+        lengths = torch.tensor(host_lengths, device=self.device)
         tables = [s.block_table[:width] for s in decodes]
         batch.decode_blocks = torch.tensor(
             [b for t in tables for b in t + [0] * (width - len(t))], device=self.device

@@ -152,6 +152,7 @@ class Request:
     sequences: list[SequenceState]
     status: RequestStatus = RequestStatus.WAITING
     admitted: bool = False  # the `admitted` line was sent (once: not again after a preemption)
+    unforked: list[SequenceState] = field(default_factory=list)  # choices yet to start
 
     @property
     def is_finished(self) -> bool:

@@ -7,6 +7,9 @@ only when the block manager has blocks for all its tokens. When a running sequen
 and none is free, the newest running sequence is preempted: its blocks are freed, its computed
 tokens forgotten, and it goes back to the front of the queue to be recomputed later (its full
 blocks usually come straight back from the prefix cache).
+
+The scheduler owns the block manager: the engine asks it to admit, fork and release sequences
+and to record what a step computed, and never touches blocks itself (nano-vllm's split).
 """
 
 from __future__ import annotations
@@ -16,6 +19,27 @@ from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
 from workers.request import RequestStatus, SequenceState
+
+
+@dataclass(slots=True, frozen=True)
+class Fork:
+    """How a choice started from its leader's computed prompt: `running` when it shares the
+    leader's blocks now (after the caller copies the `copy` block, (src, dst), if any), else
+    queued to compute the prompt itself (blocks ran short)."""
+
+    running: bool
+    copy: tuple[int, int] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerStats:
+    waiting: int  # requests
+    running: int
+    preemptions: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_hits: int
+    prefix_cache_queries: int
 
 
 @dataclass(slots=True)
@@ -47,10 +71,38 @@ class Scheduler:
         seq.status = RequestStatus.WAITING
         self.waiting.append(seq)
 
-    def admit_running(self, seq: SequenceState) -> None:
-        """A sequence that already holds computed blocks (a fork) joins the running set."""
-        seq.status = RequestStatus.RUNNING
-        self.running.append(seq)
+    def fits(self, num_tokens: int) -> bool:
+        """Whether one sequence of `num_tokens` could ever be held by the whole cache."""
+        return self.blocks.blocks_for(num_tokens) <= self.blocks.num_blocks
+
+    def fork(self, leader: SequenceState, child: SequenceState) -> Fork:
+        """Start `child` from `leader`, which just computed their shared prompt."""
+        if not self.blocks.can_fork(leader):  # the leader's admission reserved the slots only
+            self.add(child)  # computes the prompt itself, mostly from the prefix cache
+            return Fork(running=False)
+        partial = self.blocks.fork(leader, child)
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+        return Fork(True, None if partial is None else (partial, child.block_table[-1]))
+
+    def computed(self, work: list[tuple[SequenceState, int]]) -> None:
+        """A step ran: its sequences computed their new tokens, whose full blocks are now
+        findable in the prefix cache."""
+        for seq, new in work:
+            seq.num_computed_tokens += new
+            self.blocks.register_computed(seq)
+
+    def stats(self) -> SchedulerStats:
+        b = self.blocks
+        return SchedulerStats(
+            waiting=len({s.request_id for s in self.waiting}),
+            running=len({s.request_id for s in self.running}),
+            preemptions=self.preemptions,
+            kv_blocks_used=b.num_used,
+            kv_blocks_total=b.num_blocks,
+            prefix_cache_hits=b.prefix_hits,
+            prefix_cache_queries=b.prefix_queries,
+        )
 
     @staticmethod
     def _slots(seq: SequenceState) -> int:
@@ -63,7 +115,7 @@ class Scheduler:
         need = 1 if seq is None else self._slots(seq)
         return not self.running or used + need <= self.max_num_seqs
 
-    def finish(self, seq: SequenceState) -> None:
+    def release(self, seq: SequenceState) -> None:
         """Remove a finished or aborted sequence and release its blocks (idempotent)."""
         if seq in self.running:
             self.running.remove(seq)

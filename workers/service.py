@@ -24,7 +24,7 @@ from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, render_prompt
 from workers.config import WorkerConfig
 from workers.engine import Engine
-from workers.engine_outputs import EngineStats
+from workers.engine_outputs import ContextTooLong, EngineStats
 from workers.metrics import WorkerMetrics
 from workers.model_loader import (
     context_length,
@@ -130,8 +130,6 @@ class WorkerService:
         """Render and check the prompt; raises BadRequest (param named) before any stream."""
         loaded = self._require_loaded()
         engine = self._require_engine()
-        if engine.has_stream(body.request_id):
-            raise BadRequest("request_id is already running", "request_id", "duplicate_request_id")
         config = loaded.model.config
         vocab = config.vocab_size
         if any(t >= vocab for t in body.params.stop_token_ids):
@@ -143,14 +141,10 @@ class WorkerService:
             )
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None
-        _check_context(len(prompt_ids), body.params.max_tokens, context_length(config))
-        if not engine.fits(len(prompt_ids), body.params.max_tokens):
-            raise BadRequest(
-                "the prompt plus max_tokens needs more KV cache than this worker has; "
-                "lower max_tokens",
-                "max_tokens",
-                "context_length_exceeded",
-            )
+        try:
+            engine.check_fits(len(prompt_ids), body.params.max_tokens)
+        except ContextTooLong as e:
+            raise BadRequest(str(e), e.param, "context_length_exceeded") from None
         return EngineRequest(body.request_id, prompt_ids, body.params)
 
     def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
@@ -168,22 +162,6 @@ class WorkerService:
         if self._engine is None:
             raise RuntimeError("the engine is not running yet")
         return self._engine
-
-
-def _check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
-    if prompt_len >= max_model_len:
-        raise BadRequest(
-            f"the prompt is {prompt_len} tokens; this model's context is {max_model_len}",
-            "messages",
-            "context_length_exceeded",
-        )
-    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        raise BadRequest(
-            f"max_tokens is {max_tokens} but only {max_model_len - prompt_len} tokens are left "
-            f"after the {prompt_len}-token prompt",
-            "max_tokens",
-            "context_length_exceeded",
-        )
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -109,6 +109,22 @@ async def test_a_live_request_id_cannot_be_reused(engine: AsyncEngine) -> None:
             await anext(second)
 
 
+async def test_an_id_closed_early_is_free_again_once_the_engine_let_go(
+    engine: AsyncEngine,
+) -> None:
+    first = engine.generate(request("again", max_tokens=1000))
+    async with contextlib.aclosing(first):
+        while (await anext(first)).type != "text":
+            pass
+    # its abort takes effect at the next step; until then the id is still the engine's
+    deadline = time.monotonic() + 5
+    while engine.holds("again"):
+        assert time.monotonic() < deadline, "the engine never let go of the aborted request"
+        await asyncio.sleep(0.01)
+    lines = [line.wire() async for line in engine.generate(request("again", max_tokens=3))]
+    assert lines[-1] == {"type": "usage", "prompt_tokens": 3, "completion_tokens": 3}
+
+
 async def test_the_idle_thread_sleeps(engine: AsyncEngine) -> None:
     await wait_idle(engine)
     await asyncio.sleep(0.2)  # let OpenMP workers finish their post-op spin

@@ -56,8 +56,8 @@ def text_of(events: list[dict], index: int = 0) -> str:
 
 
 def assert_no_leaks(engine: Engine) -> None:
-    assert engine.blocks.num_used == 0
-    assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+    assert engine.scheduler.blocks.num_used == 0
+    assert all(b.ref_count == 0 for b in engine.scheduler.blocks.blocks)
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 

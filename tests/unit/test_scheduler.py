@@ -52,7 +52,7 @@ def test_admission_waits_for_free_blocks_and_max_num_seqs():
     assert run_step(sched) == [("a", 8), ("b", 8)]
     assert a.block_table == [0, 1] and b.block_table == [2, 3]
     assert list(sched.waiting) == [c]  # max_num_seqs and no free block
-    sched.finish(a)
+    sched.release(a)
     assert run_step(sched) == [("b", 1), ("c", 2)]
     assert c.block_table == [0]  # a's blocks came back
 
@@ -102,6 +102,6 @@ def test_finish_is_idempotent_and_frees_everything():
     seq = make_seq("s", 6)
     sched.add(seq)
     run_step(sched)
-    sched.finish(seq)
-    sched.finish(seq)
+    sched.release(seq)
+    sched.release(seq)
     assert blocks.num_used == 0 and not sched.running and not sched.waiting
