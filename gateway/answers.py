@@ -15,43 +15,41 @@ import orjson
 import structlog
 from aiohttp import web
 
-from adapters.to_openai import completion_chunks
+from adapters.requests import ChatRequest
+from adapters.to_openai import ChunkRenderer, completion_chunks
 from gateway.app_keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.backpressure import coalesce
-from gateway.errors import APIError, internal_error
+from gateway.errors import internal_error, terminal_error
+from gateway.run_life import Opened
 from gateway.runs.endings import store_unavailable_error
 from gateway.runs.manager import RunManager
 from gateway.runs.status import RunStatus
-from gateway.runs.store import ResumeWindowExpired, StoreUnavailable, TerminalRecord, UnknownRun
+from gateway.runs.store import (
+    Chunk,
+    LogEvents,
+    ResumeWindowExpired,
+    RunRecord,
+    StoreUnavailable,
+    TerminalRecord,
+    UnknownRun,
+)
 from gateway.sse import SlowClient, SSEWriter
 
 log = structlog.get_logger("sluice.streaming")
 FOLLOW_BATCH = 512  # most events read from the log at once
 
-# How a non-streaming request answers a run that did not complete.
-_UNFINISHED = {
-    RunStatus.CANCELLED: 499,  # as "client closed request": the run was cancelled
-    RunStatus.TIMED_OUT: 504,
-    RunStatus.FAILED: 502,
-    RunStatus.REJECTED: 400,
-}
 
-
-def terminal_error(terminal: TerminalRecord) -> APIError:
-    """The HTTP error for a run that ended without completing."""
-    error = terminal.error or {}
-    status = terminal.http_status or _UNFINISHED.get(terminal.status, 502)
-    headers = dict(terminal.http_headers or {})
-    if terminal.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT):
-        headers.setdefault("x-should-retry", "false")  # the caller's own cancel or deadline
-    return APIError(
-        status,
-        error.get("message", "The run did not complete."),
-        type=error.get("type", "server_error"),
-        code=error.get("code"),
-        param=error.get("param"),
-        headers=headers,
-    )
+async def answer(request: web.Request, opened: Opened, chat: ChatRequest) -> web.StreamResponse:
+    """The answer to the request that opened a run (or repeated one): its stream, its object,
+    or, for a run no longer kept, what it answered."""
+    if opened.ending is not None:
+        return await respond_with_ending(
+            request, opened.ending, chat.stream, chat.include_usage, opened.headers
+        )
+    if chat.stream:
+        record = await request.app[RUNS].get(opened.run_id)
+        return await stream_run(request, record, headers=opened.headers or None)
+    return await respond_with_result(request, opened.run_id, opened.headers or None)
 
 
 @contextlib.asynccontextmanager
@@ -76,7 +74,7 @@ async def _detach_after(runs: RunManager, attach: asyncio.Future[None], run_id: 
 
 async def stream_run(
     request: web.Request,
-    run_id: str,
+    record: RunRecord,
     after: int = 0,
     headers: dict[str, str] | None = None,
     *,
@@ -87,6 +85,8 @@ async def stream_run(
     run gets its HTTP error instead of a stream when the run was refused before any event."""
     app = request.app
     runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
+    run_id = record.run_id
+    renderer = ChunkRenderer(run_id, record.model, int(record.created))  # to merge text
     writer: SSEWriter | None = None
     try:
         async with (
@@ -101,7 +101,7 @@ async def stream_run(
                 first, outran = await _first_events(first_read, settings.ping_interval, resume)
                 if first is None and not outran and first_read.done():
                     terminal = (await runs.get(run_id)).terminal
-                    if terminal is not None and terminal.http_status is not None:
+                    if terminal is not None and terminal.refused:
                         raise terminal_error(terminal)
                 writer = await SSEWriter.open(
                     request,
@@ -116,7 +116,8 @@ async def stream_run(
                     if outran:
                         await _fell_behind(writer)
                     else:
-                        await _relay(events, writer, None if first_read.done() else first_read)
+                        pending = None if first_read.done() else first_read
+                        await _relay(events, writer, renderer, pending)
                 finally:
                     metrics.active_streams.dec()
                     metrics.client_blocked.observe(writer.blocked)
@@ -143,8 +144,8 @@ async def stream_run(
 
 
 async def _first_events(
-    read: asyncio.Future[list[tuple[int, bytes]] | None], wait: float, resume: bool
-) -> tuple[list[tuple[int, bytes]] | None, bool]:
+    read: asyncio.Future[LogEvents | None], wait: float, resume: bool
+) -> tuple[LogEvents | None, bool]:
     """(the first events, or None if none came within `wait`; whether the run outran its log
     before this request read it). A resume raises ResumeWindowExpired instead."""
     try:
@@ -159,9 +160,10 @@ async def _first_events(
 
 
 async def _relay(
-    events: AsyncIterator[list[tuple[int, bytes]]],
+    events: AsyncIterator[LogEvents],
     writer: SSEWriter,
-    first_read: asyncio.Future[list[tuple[int, bytes]] | None] | None = None,
+    renderer: ChunkRenderer,
+    first_read: asyncio.Future[LogEvents | None] | None = None,
 ) -> None:
     """Send everything until the run's log ends; `first_read` is a first read still pending."""
     try:
@@ -174,7 +176,7 @@ async def _relay(
         async for batch in events:
             # NOTE: only a client whose last write waited has a backlog to merge; a long read
             # for one that keeps up (an upstream burst, a replay) goes out event by event.
-            await writer.send(coalesce(batch) if writer.behind else batch)
+            await writer.send(coalesce(batch, renderer) if writer.behind else batch)
     except ResumeWindowExpired:  # so far behind that the log moved past it
         await _fell_behind(writer)
         return
@@ -233,7 +235,7 @@ async def respond_with_ending(
     """Answer from a run's saved ending once the run itself is no longer kept: the same object,
     or a stream rebuilt from it (the same content, in fewer chunks)."""
     completed = terminal.status is RunStatus.COMPLETED and terminal.completion is not None
-    if terminal.http_status is not None or (not stream and not completed):
+    if terminal.refused or (not stream and not completed):
         error = terminal_error(terminal)
         error.headers.update(headers or {})
         raise error
@@ -244,6 +246,7 @@ async def respond_with_ending(
     payloads = completion_chunks(terminal.completion, include_usage) if terminal.completion else []
     if terminal.error is not None:
         payloads.append(orjson.dumps({"error": terminal.error}))
-    writer = await SSEWriter.open(request, 0, headers, first=list(enumerate(payloads, 1)))
+    events = [(seq, Chunk(payload)) for seq, payload in enumerate(payloads, 1)]
+    writer = await SSEWriter.open(request, 0, headers, first=events)
     await writer.close()
     return writer.response

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
-from adapters.base import BackendRejected, BackendUnavailable
+from gateway.runs.status import RunStatus
+from gateway.runs.store import TerminalRecord
 
 # Statuses a retry cannot fix: the openai SDK honours `x-should-retry: false`.
 _NO_RETRY = frozenset({400, 401, 403, 404, 410, 413, 415, 422})
@@ -94,14 +95,43 @@ def internal_error() -> APIError:
     )
 
 
-def from_backend(exc: Exception) -> APIError:
-    """An adapter's exception as the answer the client gets (no upstream text passes)."""
-    if isinstance(exc, BackendRejected):
-        if exc.status == 404:
-            return APIError(404, exc.message, param=exc.param, code="model_not_found")
-        if exc.status == 413:
-            return APIError(413, exc.message, param=exc.param, code="request_too_large")
-        return invalid_request(exc.param, exc.message, code=exc.code)
-    if isinstance(exc, BackendUnavailable):
-        return overloaded(exc.message, exc.retry_after)
-    return upstream_failed()
+# How a run that did not complete answers a request waiting for it: by the error's code first
+# (a refusal keeps the status its code means), else by how the run ended.
+_STATUS_FOR_CODE = {
+    "model_not_found": 404,
+    "request_too_large": 413,
+    "overloaded": 503,
+    "upstream_error": 502,
+    "store_unavailable": 503,
+    "run_lost": 502,
+}
+_STATUS_FOR_END = {
+    RunStatus.CANCELLED: 499,  # as "client closed request": the run was cancelled
+    RunStatus.TIMED_OUT: 504,
+    RunStatus.FAILED: 502,
+    RunStatus.REJECTED: 400,
+}
+
+
+def terminal_error(terminal: TerminalRecord) -> APIError:
+    """The HTTP error for a run that ended without completing (DESIGN §4)."""
+    error = terminal.error or {}
+    code = error.get("code")
+    status = _STATUS_FOR_CODE.get(code) or _STATUS_FOR_END.get(terminal.status, 502)
+    if terminal.refused and error.get("type") == "invalid_request_error":
+        status = _STATUS_FOR_CODE.get(code, 400)
+    headers: dict[str, str] = {}
+    if terminal.retry_after is not None:
+        headers["retry-after"] = str(max(1, round(terminal.retry_after)))
+    if status == 503:
+        headers.setdefault("retry-after", "1")
+    if terminal.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT):
+        headers["x-should-retry"] = "false"  # the caller's own cancel or deadline
+    return APIError(
+        status,
+        error.get("message", "The run did not complete."),
+        type=error.get("type", "server_error"),
+        code=code,
+        param=error.get("param"),
+        headers=headers,
+    )

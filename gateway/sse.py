@@ -17,6 +17,8 @@ import time
 import orjson
 from aiohttp import web
 
+from gateway.runs.store import LogEvents
+
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -82,7 +84,7 @@ class SSEWriter:
         request: web.Request,
         ping_interval: float = 15.0,
         headers: dict[str, str] | None = None,
-        first: list[tuple[int, bytes]] | None = None,
+        first: LogEvents | None = None,
         write_timeout: float | None = None,
     ) -> SSEWriter:
         """Start the stream; `first` events are framed into the same write as the headers."""
@@ -100,11 +102,12 @@ class SSEWriter:
     def response(self) -> web.StreamResponse:
         return self._response
 
-    async def send(self, events: list[tuple[int, bytes]]) -> None:
-        """Frame each (seq, JSON payload) event and write them all at once."""
+    async def send(self, events: LogEvents) -> None:
+        """Frame each (seq, chunk) event and write them all at once."""
         if events:
             self.last_seq = events[-1][0]
-            await self._write(b"".join([b"id: %d\ndata: %b\n\n" % e for e in events]))
+            frames = [b"id: %d\ndata: %b\n\n" % (seq, c.payload) for seq, c in events]
+            await self._write(b"".join(frames))
 
     async def send_error(self, error: dict) -> None:
         """An error that is not an event of the run (it gets no id)."""

@@ -16,11 +16,17 @@ KEY_PREFIX = "sk-sluice-"
 
 @dataclass(slots=True, frozen=True)
 class Principal:
-    """Who is calling: the tenant and which credential proved it."""
+    """Who is calling: the tenant and which credential proved it, an API key (`key_id`) or a
+    JWT (`key_id` None; its `sub`, when it has one, in `subject`)."""
 
     tenant: str
-    key_id: str  # "jwt" for a token
-    subject: str | None = None  # a JWT's `sub`; None for keys
+    key_id: str | None
+    subject: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Who to bill inside the tenant: the key's id (`key_…`) or `jwt:<sub>`."""
+        return self.key_id if self.key_id is not None else f"jwt:{self.subject or '?'}"
 
 
 def hash_key(key: str) -> str:
@@ -111,4 +117,4 @@ def _from_jwt(creds: _Credentials, token: str) -> Principal | None:
     if tenant not in creds.config.tenants:
         return None
     subject = claims.get("sub")
-    return Principal(tenant, "jwt", subject if isinstance(subject, str) else None)
+    return Principal(tenant, None, subject if isinstance(subject, str) else None)

@@ -89,7 +89,7 @@ async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
         raise
     outcome = "replayed" if record.status.is_terminal else "live"
     try:
-        response = await stream_run(request, record.run_id, after, resume=True)
+        response = await stream_run(request, record, after, resume=True)
     except asyncio.CancelledError:  # a resume all the same, whose client went away again
         resumes.labels(outcome).inc()
         raise

@@ -1,9 +1,10 @@
-"""What one run cost and how it ended, recorded once into the metrics and one log line.
+"""What one run cost and how it ended: counted while it runs, then one `RunOutcome`, recorded
+once into the metrics and one "run end" log line.
 
 Generation-side times (TTFT, gaps between tokens) are taken as events reach the run's log, not
 as a client reads them: a slow or absent client must not bend them. Time blocked on clients is
 measured by the stream writers apart (DESIGN §3). Tail tokens are tokens that reached the
-gateway after a cancel decision and so were never sent: the work the cancel did not save.
+gateway after the run's fate was decided and so were never sent: the work a cancel did not save.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import structlog
 
 from adapters.events import Aborted, Event, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics
+from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from gateway.runs.store import TerminalRecord
 
@@ -29,24 +31,26 @@ _END_REASON = {
 }
 
 
-@dataclass(slots=True)
-class Decision:
-    """The first of complete / fail / cancel / deadline to happen: the run's fate."""
+@dataclass(slots=True, frozen=True)
+class Ending:
+    """The run's fate, decided by the first of completion, failure, cancel or deadline."""
 
     status: RunStatus
     cause: str
-    source: str | None = None  # a cancel's source (`client`, `disconnect`, `timeout`, …)
+    source: str | None = None  # what stopped it early (`client`, `timeout`, …); None otherwise
     at: float = 0.0  # time.monotonic()
+    error: dict | None = None  # the error it ends with, when not the standard one for `cause`
 
 
 class RunAccounting:
+    """The counters of one run, fed by the driver as events arrive."""
+
     __slots__ = (
         "aborted_tokens",
         "confirmed_at",
         "first_token_at",
         "last_token_at",
         "metrics",
-        "model",
         "sent_tokens",
         "started",
         "tail_tokens",
@@ -56,14 +60,13 @@ class RunAccounting:
         "usage",
     )
 
-    def __init__(self, metrics: GatewayMetrics, model: str, started: float) -> None:
+    def __init__(self, metrics: GatewayMetrics, started: float) -> None:
         self.metrics = metrics
-        self.model = model
         self.started = started
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.terminal_at: float | None = None
-        self.confirmed_at: float | None = None
+        self.confirmed_at: float | None = None  # the upstream confirmed an early stop
         self.sent_tokens = 0
         self.tail_tokens = 0
         self.aborted_tokens = 0  # generated, as the upstream's abort confirmations report
@@ -109,79 +112,88 @@ class RunAccounting:
         reported = self.usage.completion_tokens if self.usage else self.aborted_tokens
         return max(counted, reported)
 
-    def settle(
-        self,
-        run_id: str,
-        tenant: str,
-        decision: Decision | None,
-        terminal: TerminalRecord | None,
-        principal: str = "",
-    ) -> None:
-        """Record the run's end, once, after the upstream is done with it."""
-        m = self.metrics
-        status = terminal.status if terminal else RunStatus.FAILED
-        reason = terminal.finish_reason if terminal and terminal.finish_reason else None
-        m.runs_finished.labels(self.model, reason or _END_REASON.get(status, "error")).inc()
-        m.e2e.observe(self.e2e_s)
+    def outcome(self, spec: RunSpec, ending: Ending | None, terminal: TerminalRecord) -> RunOutcome:
+        """The run's account, once its terminal state is recorded and the upstream is done."""
+        now = time.monotonic()
+        source = ending.source if ending else None
+        confirmed = self.confirmed_at
+        tail_latency = None
         if self.last_token_at is not None and self.terminal_at is not None:
-            m.tail_latency.observe(max(0.0, self.terminal_at - self.last_token_at))
-        m.tokens.labels("sent").inc(self.sent_tokens)
-        m.tokens.labels("tail").inc(self.tail_tokens)
-        m.tokens.labels("generated").inc(self.generated_tokens)
-        if self.usage is not None:
-            m.tokens.labels("prompt").inc(self.usage.prompt_tokens)
-        if terminal is not None and terminal.cause.startswith("deadline:"):
-            m.deadlines.labels(terminal.cause.removeprefix("deadline:")).inc()
-        source = decision.source if decision else None
-        outcome = None
-        if source is not None and decision is not None:
-            outcome = self.cancel_outcome
-            m.cancellations.labels(source, outcome).inc()
-            m.cancel_tail_tokens.observe(self.tail_tokens)
-            if self.confirmed_at is not None:
-                m.cancel_latency.observe(max(0.0, self.confirmed_at - decision.at))
-        log.info(
-            "run end",
-            run_id=run_id,
-            tenant=tenant,
-            principal=principal,
-            model=self.model,
-            status=PUBLIC_STATUS[status],
-            cause=terminal.cause if terminal else None,
-            finish_reason=reason,
+            tail_latency = max(0.0, self.terminal_at - self.last_token_at)
+        cancel_outcome = None
+        if source is not None and confirmed is None:
+            cancel_outcome = "unconfirmed"
+        elif source is not None:
+            cancel_outcome = "tail" if self.tail_tokens else "clean"
+        return RunOutcome(
+            run_id=spec.run_id,
+            tenant=spec.tenant,
+            principal=spec.principal,
+            model=spec.chat.model,
+            terminal=terminal,
+            cancel_source=source,
+            cancel_outcome=cancel_outcome,
+            cancel_latency_ms=(
+                None if ending is None or confirmed is None else _ms(confirmed - ending.at)
+            ),
             prompt_tokens=self.usage.prompt_tokens if self.usage else None,
             generated_tokens=self.generated_tokens,
             sent_tokens=self.sent_tokens,
             tail_tokens=self.tail_tokens,
-            cancel_source=source,
-            cancel_outcome=outcome,
-            cancel_latency_ms=_ms(decision.at, self.confirmed_at) if source and decision else None,
             upstream_tail_tokens=self.upstream_tail_tokens if source else None,
             upstream_stop_ms=self.upstream_stop_ms,
-            ttft_s=_round(self.ttft_s),
-            e2e_s=_round(self.e2e_s),
+            ttft_s=None if self.first_token_at is None else self.first_token_at - self.started,
+            e2e_s=(self.terminal_at or now) - self.started,
+            tail_latency_s=tail_latency,
         )
 
-    @property
-    def ttft_s(self) -> float | None:
-        """Request received → first token in the log."""
-        return None if self.first_token_at is None else self.first_token_at - self.started
 
-    @property
-    def e2e_s(self) -> float:
-        """Request received → terminal state recorded (or now, if not yet)."""
-        return (self.terminal_at or time.monotonic()) - self.started
-
-    @property
-    def cancel_outcome(self) -> str:
-        if self.confirmed_at is None:
-            return "unconfirmed"
-        return "tail" if self.tail_tokens else "clean"
+def record_outcome(metrics: GatewayMetrics, outcome: RunOutcome) -> None:
+    """The run's metrics and its "run end" log line, once."""
+    m, terminal = metrics, outcome.terminal
+    reason = terminal.finish_reason
+    m.runs_finished.labels(outcome.model, reason or _END_REASON.get(terminal.status, "error")).inc()
+    m.e2e.observe(outcome.e2e_s)
+    if outcome.tail_latency_s is not None:
+        m.tail_latency.observe(outcome.tail_latency_s)
+    m.tokens.labels("sent").inc(outcome.sent_tokens)
+    m.tokens.labels("tail").inc(outcome.tail_tokens)
+    m.tokens.labels("generated").inc(outcome.generated_tokens)
+    if outcome.prompt_tokens is not None:
+        m.tokens.labels("prompt").inc(outcome.prompt_tokens)
+    if terminal.cause.startswith("deadline:"):
+        m.deadlines.labels(terminal.cause.removeprefix("deadline:")).inc()
+    if outcome.cancel_source is not None:
+        m.cancellations.labels(outcome.cancel_source, outcome.cancel_outcome).inc()
+        m.cancel_tail_tokens.observe(outcome.tail_tokens)
+        if outcome.cancel_latency_ms is not None:
+            m.cancel_latency.observe(max(0.0, outcome.cancel_latency_ms / 1000))
+    log.info(
+        "run end",
+        run_id=outcome.run_id,
+        tenant=outcome.tenant,
+        principal=outcome.principal,
+        model=outcome.model,
+        status=PUBLIC_STATUS[terminal.status],
+        cause=terminal.cause,
+        finish_reason=reason,
+        prompt_tokens=outcome.prompt_tokens,
+        generated_tokens=outcome.generated_tokens,
+        sent_tokens=outcome.sent_tokens,
+        tail_tokens=outcome.tail_tokens,
+        cancel_source=outcome.cancel_source,
+        cancel_outcome=outcome.cancel_outcome,
+        cancel_latency_ms=outcome.cancel_latency_ms,
+        upstream_tail_tokens=outcome.upstream_tail_tokens,
+        upstream_stop_ms=outcome.upstream_stop_ms,
+        ttft_s=_round(outcome.ttft_s),
+        e2e_s=_round(outcome.e2e_s),
+    )
 
 
 def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
 
 
-def _ms(start: float, end: float | None) -> float | None:
-    return None if end is None else round((end - start) * 1000, 3)
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)

@@ -13,3 +13,30 @@ class Deadlines:
     ttft: float | None = None  # run start → first token
     inter_token: float | None = None  # between tokens
     total: float | None = None  # run start → end
+
+
+def next_deadline(
+    deadlines: Deadlines,
+    started: float,
+    now: float,
+    *,
+    admitted: bool,
+    first_token_at: float | None,
+    last_token_at: float | None,
+) -> tuple[str, float | None]:
+    """The deadline that fires first from `now` (`total`, `queue`, `ttft`, `inter_token`) and
+    the seconds left until it (0 when past), or ("none", None) when none applies any more."""
+    d = deadlines
+    candidates = []
+    if d.total is not None:
+        candidates.append(("total", started + d.total - now))
+    if not admitted and d.queue is not None:
+        candidates.append(("queue", started + d.queue - now))
+    if first_token_at is None and d.ttft is not None:
+        candidates.append(("ttft", started + d.ttft - now))
+    if last_token_at is not None and d.inter_token is not None:
+        candidates.append(("inter_token", last_token_at + d.inter_token - now))
+    if not candidates:
+        return "none", None
+    kind, left = min(candidates, key=lambda c: c[1])
+    return kind, max(0.0, left)

@@ -11,8 +11,9 @@ import time
 
 import orjson
 
+from adapters.base import BackendRejected, BackendUnavailable
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
-from gateway.runs.store import TerminalRecord
+from gateway.runs.store import Chunk, TerminalRecord
 
 _MESSAGES = {
     "cancelled": "The run was cancelled.",
@@ -51,7 +52,7 @@ def ending(
     cause: str,
     completion: bytes | None = None,
     error: dict | None = None,
-) -> tuple[TerminalRecord, bytes]:
+) -> tuple[TerminalRecord, Chunk]:
     """The terminal record of a run that stopped early, and the error frame its stream ends
     with; `error` replaces the standard body (an upstream's error event, already ours)."""
     if error is None:
@@ -66,4 +67,26 @@ def ending(
             "code": code,
         }
     record = TerminalRecord(status, cause, None, completion, error, at=time.time())
-    return record, orjson.dumps({"error": error})
+    return record, Chunk(orjson.dumps({"error": error}))
+
+
+def refusal(exc: Exception) -> TerminalRecord:
+    """The ending of a run its upstream turned down before any event (the adapter raised): the
+    request that started it answers with this error as plain HTTP. Our own codes only; an
+    upstream's text never passes (the adapters see to that)."""
+    cause = f"upstream:{type(exc).__name__}"
+    retry_after = None
+    if isinstance(exc, BackendRejected):
+        status, kind = RunStatus.REJECTED, "invalid_request_error"
+        code = {404: "model_not_found", 413: "request_too_large"}.get(exc.status, exc.code)
+        message, param = exc.message, exc.param
+    elif isinstance(exc, BackendUnavailable):
+        status, kind, code = RunStatus.FAILED, "server_error", "overloaded"
+        message, param, retry_after = exc.message, None, exc.retry_after
+    else:
+        status, kind, code = RunStatus.FAILED, "server_error", "upstream_error"
+        message, param = _MESSAGES["upstream_error"], None
+    error = {"message": message, "type": kind, "param": param, "code": code}
+    return TerminalRecord(
+        status, cause, error=error, at=time.time(), refused=True, retry_after=retry_after
+    )

@@ -20,14 +20,19 @@ from typing import Any, TypeVar
 
 import structlog
 
-from adapters.base import Adapter
-from adapters.requests import ChatRequest
 from gateway.metrics import GatewayMetrics
-from gateway.runs.deadlines import Deadlines
-from gateway.runs.driver import RunDriver
+from gateway.runs.driver import RunDriver, Settle
 from gateway.runs.endings import LOST_CAUSE, ending
+from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
-from gateway.runs.store import RunRecord, RunStore, StoreUnavailable, TerminalRecord, UnknownRun
+from gateway.runs.store import (
+    LogEvents,
+    RunRecord,
+    RunStore,
+    StoreUnavailable,
+    TerminalRecord,
+    UnknownRun,
+)
 from gateway.store_health import StoreHealth, patiently
 
 log = structlog.get_logger("sluice.runs")
@@ -120,40 +125,30 @@ class RunManager:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    async def start(
-        self,
-        chat: ChatRequest,
-        adapter: Adapter,
-        tenant: str,
-        *,
-        started: float | None = None,
-        deadlines: Deadlines | None = None,
-        run_id: str | None = None,
-        principal: str = "",
-        on_settled: Callable[[RunDriver], Awaitable[None]] | None = None,
-    ) -> RunDriver:
-        """Create a run and start driving it; the caller attaches to follow it."""
-        run_id = run_id or new_run_id()
+    async def start(self, spec: RunSpec, settle: Settle | None = None) -> RunDriver:
+        """Create the run and start driving it; `settle` runs with its outcome once it is over.
+        The caller attaches to follow it."""
+        chat = spec.chat
         record = RunRecord(
-            run_id, tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
+            spec.run_id, spec.tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
         await self.store.create(record)
         driver = RunDriver(
+            spec,
             self.store,
-            adapter,
-            run_id,
-            chat,
-            tenant=tenant,
-            deadlines=deadlines or Deadlines(),
             metrics=self.metrics,
-            started=started,
             confirm_timeout=self.confirm_timeout,
-            principal=principal,
-            on_settled=on_settled,
+            settle=settle,
+            created=int(record.created),
         )
-        self.drivers[run_id] = driver
-        driver.start().add_done_callback(lambda _: self._forget(run_id))
+        self.drivers[spec.run_id] = driver
+        driver.start().add_done_callback(lambda _: self._forget(spec.run_id))
         return driver
+
+    def cancel_here(self, run_id: str, source: str) -> bool:
+        """Cancel a run this replica drives; False when it is not driven here or has ended."""
+        driver = self.drivers.get(run_id)
+        return driver is not None and driver.cancel(source)
 
     async def cancel(self, run_id: str, source: str) -> None:
         """Cancel a run wherever it is driven (idempotent; a no-op once it has ended)."""
@@ -197,12 +192,14 @@ class RunManager:
             self.disconnect_grace, lambda: self._spawn(self._grace_over(run_id))
         )
 
+    def in_grace(self, run_id: str) -> bool:
+        """Whether the run has no followers here and its disconnect grace window is running."""
+        return run_id in self._grace
+
     async def followers(self, run_id: str) -> int:
         return await self.store.followers(run_id)
 
-    async def follow(
-        self, run_id: str, after: int = 0, limit: int = 0
-    ) -> AsyncIterator[list[tuple[int, bytes]]]:
+    async def follow(self, run_id: str, after: int = 0, limit: int = 0) -> AsyncIterator[LogEvents]:
         """Events with seq > after, in order, as they come, until the run has ended and every
         event was read. Raises ResumeWindowExpired if `after` is no longer retained."""
         check_every = None if self.lease_ttl is None else self.lease_ttl / 2

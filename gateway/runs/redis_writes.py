@@ -25,7 +25,7 @@ import structlog
 
 from gateway.redis_client import REDIS_ERRORS
 from gateway.runs.status import RunStatus
-from gateway.runs.store import RunRecord, StoreUnavailable, TerminalRecord
+from gateway.runs.store import Chunk, LogEvents, RunRecord, StoreUnavailable, TerminalRecord
 from gateway.runs.store_redis import RedisRunStore
 from gateway.store_health import StoreHealth
 
@@ -34,13 +34,13 @@ TICK = 0.005  # seconds writes wait to travel together
 RETRY_EVERY = 0.5  # seconds between tries while Redis is away
 UNKNOWN, CLOSED = -1, -2  # what the scripts answer for a run Redis lacks, or that has ended
 
-Snapshot = Callable[[str], tuple[RunRecord, list[tuple[int, bytes]], int] | None]
+Snapshot = Callable[[str], tuple[RunRecord, LogEvents, int] | None]
 
 
 @dataclass(slots=True)
 class _Append:
     first_seq: int
-    payloads: list[bytes]
+    chunks: list[Chunk]
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ class _Advance:
 @dataclass(slots=True)
 class _Finish:
     terminal: TerminalRecord
-    final: bytes | None
+    final: Chunk | None
     final_seq: int
 
 
@@ -98,18 +98,18 @@ class WriteBehind:
 
     # -- queueing -------------------------------------------------------------------------------
 
-    def append(self, run_id: str, first_seq: int, payloads: list[bytes]) -> None:
+    def append(self, run_id: str, first_seq: int, chunks: list[Chunk]) -> None:
         ops = self._pending.get(run_id)
         last = ops[-1] if ops else None
-        if type(last) is _Append and last.first_seq + len(last.payloads) == first_seq:
-            last.payloads.extend(payloads)  # one script call for a run's events of a tick
+        if type(last) is _Append and last.first_seq + len(last.chunks) == first_seq:
+            last.chunks.extend(chunks)  # one script call for a run's events of a tick
             return
-        self._add(run_id, _Append(first_seq, list(payloads)))
+        self._add(run_id, _Append(first_seq, list(chunks)))
 
     def advance(self, run_id: str, status: RunStatus) -> None:
         self._add(run_id, _Advance(status))
 
-    def finish(self, run_id: str, terminal: TerminalRecord, final: bytes | None, seq: int) -> None:
+    def finish(self, run_id: str, terminal: TerminalRecord, final: Chunk | None, seq: int) -> None:
         self._add(run_id, _Finish(terminal, final, seq))
 
     def followers(self, run_id: str, count: int) -> None:
@@ -187,7 +187,7 @@ class WriteBehind:
     async def _queue(self, pipe: Any, run_id: str, op: Op) -> int:
         s = self.shared
         if type(op) is _Append:
-            await s.queue_append(pipe, run_id, op.payloads, op.first_seq)
+            await s.queue_append(pipe, run_id, op.chunks, op.first_seq)
         elif type(op) is _Advance:
             await s.queue_advance(pipe, run_id, op.status)
         elif type(op) is _Finish:

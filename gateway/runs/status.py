@@ -1,7 +1,16 @@
 """The run state machine (DESIGN §2): one terminal state, reached exactly once.
 
 Statuses are ordered so "terminal" is one comparison; one table maps each status to the `status`
-field of the stored object, one to the terminal cause's error code on the wire.
+field of the stored object, one to the terminal cause's error code on the wire. Every status is
+entered by the run driver:
+
+- `RECEIVED`: the run exists; nothing has been asked of the upstream yet.
+- `QUEUED`: the upstream has been asked and has not begun computing it (it may have accepted it
+  into its own queue: that is when the stream's role chunks go out).
+- `ADMITTED`: the upstream began computing it (its prefill); the queue deadline ends here.
+- `DECODING`: the first token came; the stream is flowing.
+- `FINALIZING`: the upstream is done; the gateway writes the ending (usage chunk, the object).
+- then one of the terminal statuses.
 """
 
 from __future__ import annotations
@@ -13,15 +22,14 @@ class RunStatus(enum.IntEnum):
     RECEIVED = 0
     QUEUED = 1
     ADMITTED = 2
-    PREFILL = 3
-    DECODING = 4
-    FINALIZING = 5
+    DECODING = 3
+    FINALIZING = 4
     # terminal from here on
-    COMPLETED = 6
-    CANCELLED = 7
-    TIMED_OUT = 8
-    FAILED = 9
-    REJECTED = 10
+    COMPLETED = 5
+    CANCELLED = 6
+    TIMED_OUT = 7
+    FAILED = 8
+    REJECTED = 9
 
     @property
     def is_terminal(self) -> bool:
@@ -32,7 +40,6 @@ PUBLIC_STATUS: dict[RunStatus, str] = {
     RunStatus.RECEIVED: "queued",
     RunStatus.QUEUED: "queued",
     RunStatus.ADMITTED: "in_progress",
-    RunStatus.PREFILL: "in_progress",
     RunStatus.DECODING: "in_progress",
     RunStatus.FINALIZING: "in_progress",
     RunStatus.COMPLETED: "completed",

@@ -33,12 +33,28 @@ class StoreUnavailable(Exception):
 
 
 @dataclass(slots=True, frozen=True)
+class Chunk:
+    """One event of a run's log as it goes out: its chunk JSON and, for a plain text delta, the
+    text and its choice, so the text of a client that fell behind can be merged (DESIGN §3)
+    without reading the JSON back."""
+
+    payload: bytes
+    text: str | None = None
+    index: int = 0
+
+
+LogEvents = list[tuple[int, Chunk]]  # (seq, chunk), in seq order
+
+
+@dataclass(slots=True, frozen=True)
 class TerminalRecord:
     """How a run ended. `cause` separates e.g. the deadlines (`deadline:ttft`) or cancel sources
     (`cancel:client`, `cancel:disconnect`); `completion` is the final `chat.completion` object,
-    kept as its JSON (compact, and sent as it is).
-    `http_status` is set when the run failed before its first event, so the request that started
-    it can still answer with a plain HTTP error instead of a stream."""
+    kept as its JSON (compact, and sent as it is); `error` is the error the run ended with, in
+    OpenAI's shape. `refused` says the upstream turned the run down before its first event, so
+    the request that started it answers with that error as a plain HTTP answer, not a stream;
+    `retry_after` is the upstream's, for a refusal a retry may cure. What HTTP status any of it
+    is, is the gateway's business (gateway/errors.py), not the store's."""
 
     status: RunStatus
     cause: str
@@ -46,8 +62,8 @@ class TerminalRecord:
     completion: bytes | None = None
     error: dict[str, Any] | None = None
     at: float = 0.0
-    http_status: int | None = None
-    http_headers: dict[str, str] | None = None
+    refused: bool = False
+    retry_after: float | None = None
 
     def __post_init__(self) -> None:
         if not self.status.is_terminal:
@@ -103,15 +119,15 @@ class RunStore(Protocol):
         """Move a live run forward to a non-terminal status; False if it cannot."""
 
     async def finish(
-        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+        self, run_id: str, terminal: TerminalRecord, final: Chunk | None = None
     ) -> bool:
         """The one terminal transition (compare-and-set): True for the first caller only, whose
         `final` event (if any) is appended to the log in the same step."""
 
-    async def append(self, run_id: str, payloads: list[bytes]) -> int:
+    async def append(self, run_id: str, chunks: list[Chunk]) -> int:
         """Append events in order; returns the last sequence number given; raises LogClosed."""
 
-    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+    async def read(self, run_id: str, after: int, limit: int = 0) -> LogEvents:
         """Retained events with seq > after, in order (at most `limit`, 0 = all); raises
         ResumeWindowExpired."""
 

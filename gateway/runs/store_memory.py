@@ -19,20 +19,22 @@ from dataclasses import dataclass, field
 
 from gateway.runs.status import RunStatus, can_advance
 from gateway.runs.store import (
+    Chunk,
     LogClosed,
+    LogEvents,
     ResumeWindowExpired,
     RunRecord,
     TerminalRecord,
     UnknownRun,
 )
 
-EVENT_OVERHEAD = 80  # bytes an event costs beyond its payload (tuple, int, bytes object)
+EVENT_OVERHEAD = 120  # bytes an event costs beyond its payload (tuple, int, chunk, bytes)
 
 
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
-    events: deque[tuple[int, bytes]] = field(default_factory=deque)
+    events: deque[tuple[int, Chunk]] = field(default_factory=deque)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     followers: int = 0
     event_bytes: int = 0
@@ -93,7 +95,7 @@ class MemoryRunStore:
         return True
 
     async def finish(
-        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+        self, run_id: str, terminal: TerminalRecord, final: Chunk | None = None
     ) -> bool:
         entry = self._entry(run_id)
         if entry.record.status.is_terminal:
@@ -108,31 +110,31 @@ class MemoryRunStore:
         self._expire()
         return True
 
-    async def append(self, run_id: str, payloads: list[bytes]) -> int:
+    async def append(self, run_id: str, chunks: list[Chunk]) -> int:
         entry = self._entry(run_id)
         if entry.record.status.is_terminal:
             raise LogClosed(run_id)
-        seq = self._append(entry, payloads)
-        if payloads:
+        seq = self._append(entry, chunks)
+        if chunks:
             self._notify(entry)
         return seq
 
-    def _append(self, entry: _Entry, payloads: list[bytes]) -> int:
+    def _append(self, entry: _Entry, chunks: list[Chunk]) -> int:
         seq = entry.record.last_seq
         events = entry.events
-        for payload in payloads:
+        for chunk in chunks:
             seq += 1
-            events.append((seq, payload))
-            entry.event_bytes += len(payload) + EVENT_OVERHEAD
+            events.append((seq, chunk))
+            entry.event_bytes += len(chunk.payload) + EVENT_OVERHEAD
         # NOTE: the newest event always stays (it may be the run's final error frame).
         while len(events) > 1 and (
             len(events) > self.max_events or entry.event_bytes > self.max_event_bytes
         ):
-            entry.event_bytes -= len(events.popleft()[1]) + EVENT_OVERHEAD
+            entry.event_bytes -= len(events.popleft()[1].payload) + EVENT_OVERHEAD
         entry.record.last_seq = seq
         return seq
 
-    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+    async def read(self, run_id: str, after: int, limit: int = 0) -> LogEvents:
         entry = self._entry(run_id)
         events = entry.events
         if after < entry.record.last_seq and (not events or events[0][0] > after + 1):
@@ -177,7 +179,7 @@ class MemoryRunStore:
         entry = self._runs.get(run_id)
         return entry.followers if entry is not None else 0
 
-    def snapshot(self, run_id: str) -> tuple[RunRecord, list[tuple[int, bytes]]]:
+    def snapshot(self, run_id: str) -> tuple[RunRecord, LogEvents]:
         """The run's record and the events it keeps, as they are now."""
         entry = self._entry(run_id)
         return entry.record, list(entry.events)

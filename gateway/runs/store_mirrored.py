@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from gateway.runs.redis_writes import WriteBehind
 from gateway.runs.status import RunStatus
-from gateway.runs.store import LogClosed, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store import Chunk, LogClosed, LogEvents, RunRecord, TerminalRecord, UnknownRun
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_redis import RedisRunStore
 from gateway.store_health import StoreHealth
@@ -51,7 +51,7 @@ class MirroredRunStore:
         self._refused.add(run_id)
         self.local.discard(run_id)  # the mirror lacks that ending: followers go to Redis
 
-    def _snapshot(self, run_id: str) -> tuple[RunRecord, list[tuple[int, bytes]], int] | None:
+    def _snapshot(self, run_id: str) -> tuple[RunRecord, LogEvents, int] | None:
         if not self.local.has(run_id):
             return None
         record, events = self.local.snapshot(run_id)
@@ -75,7 +75,7 @@ class MirroredRunStore:
         return moved
 
     async def finish(
-        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+        self, run_id: str, terminal: TerminalRecord, final: Chunk | None = None
     ) -> bool:
         if not self.local.has(run_id):
             return await self.shared.finish(run_id, terminal, final)
@@ -89,16 +89,16 @@ class MirroredRunStore:
         self.writes.forget(run_id)
         return run_id not in self._refused
 
-    async def append(self, run_id: str, payloads: list[bytes]) -> int:
+    async def append(self, run_id: str, chunks: list[Chunk]) -> int:
         if run_id in self._refused:
             raise LogClosed(run_id)
         if not self.local.has(run_id):  # not driven here (or no longer mirrored)
-            return await self.shared.append(run_id, payloads)
-        seq = await self.local.append(run_id, payloads)
-        self.writes.append(run_id, seq - len(payloads) + 1, payloads)
+            return await self.shared.append(run_id, chunks)
+        seq = await self.local.append(run_id, chunks)
+        self.writes.append(run_id, seq - len(chunks) + 1, chunks)
         return seq
 
-    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+    async def read(self, run_id: str, after: int, limit: int = 0) -> LogEvents:
         if self.local.has(run_id):
             return await self.local.read(run_id, after, limit)
         return await self.shared.read(run_id, after, limit)

@@ -19,7 +19,9 @@ from redis.asyncio import Redis
 from gateway.runs.redis_notify import Notifier
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
+    Chunk,
     LogClosed,
+    LogEvents,
     ResumeWindowExpired,
     RunRecord,
     TerminalRecord,
@@ -35,7 +37,8 @@ _ENDED = float("inf")  # a finished run: every `after` is behind it
 # NOTE: appends and the ending name their seq numbers (0: "the next ones"), and skip any the log
 # already has, so the owner's write-behind can send a batch again after a lost connection
 # without doubling events. KEYS: run hash, events stream, notify channel
-# ARGV: max_events, first seq (0: next), payload...
+# ARGV: max_events, first seq (0: next), then per event: payload, text mark, text, where the
+# mark is '-' for an event that is not a plain text delta, else 't' and its choice index
 _APPEND = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -1 end
@@ -43,10 +46,16 @@ if tonumber(status) >= TERMINAL then return -2 end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
 local seq = tonumber(ARGV[2]) - 1
 if seq < 0 then seq = last end
-for i = 3, #ARGV do
+for i = 3, #ARGV, 3 do
   seq = seq + 1
   if seq > last then
-    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], seq .. '-0', 'd', ARGV[i])
+    local id = seq .. '-0'
+    if ARGV[i + 1] == '-' then
+      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i])
+    else
+      local index = string.sub(ARGV[i + 1], 2)
+      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i], 't', ARGV[i + 2], 'i', index)
+    end
   end
 end
 if seq > last then
@@ -110,6 +119,19 @@ return total
 """
 
 
+def _fields(chunk: Chunk) -> dict[str, Any]:
+    if chunk.text is None:
+        return {"d": chunk.payload}
+    return {"d": chunk.payload, "t": chunk.text, "i": chunk.index}
+
+
+def _chunk(fields: dict[bytes, bytes]) -> Chunk:
+    text = fields.get(b"t")
+    if text is None:
+        return Chunk(fields[b"d"])
+    return Chunk(fields[b"d"], text.decode(), int(fields[b"i"]))
+
+
 class RedisRunStore:
     def __init__(
         self,
@@ -165,14 +187,14 @@ class RedisRunStore:
             pipe.expire(key, self.live_ttl)
             await pipe.execute()
 
-    def queue_restore(self, pipe: Any, record: RunRecord, events: list[tuple[int, bytes]]) -> None:
+    def queue_restore(self, pipe: Any, record: RunRecord, events: LogEvents) -> None:
         """Queue writing a run back whole (Redis lost it, restarted empty): its record as the
         owner has it, and the events it still keeps (their own seq numbers)."""
         key, stream, _, _ = self._keys(record.run_id)
         fields = self.record_fields(record) | {"last_seq": events[-1][0] if events else 0}
         pipe.delete(key, stream)
-        for seq, payload in events:
-            pipe.xadd(stream, {"d": payload}, id=f"{seq}-0", maxlen=self.max_events)
+        for seq, chunk in events:
+            pipe.xadd(stream, _fields(chunk), id=f"{seq}-0", maxlen=self.max_events)
         pipe.hset(key, mapping=fields)
         ttl = self.retention if record.status.is_terminal else self.live_ttl
         pipe.expire(key, max(1, int(ttl)))
@@ -207,7 +229,7 @@ class RedisRunStore:
         return self._advance(keys=self._keys(run_id)[:1], args=[int(status)], client=client)
 
     async def finish(
-        self, run_id: str, terminal: TerminalRecord, final: bytes | None = None
+        self, run_id: str, terminal: TerminalRecord, final: Chunk | None = None
     ) -> bool:
         result = await self.queue_finish(self.redis, run_id, terminal, final)
         if result == -1:
@@ -219,31 +241,36 @@ class RedisRunStore:
         client: Any,
         run_id: str,
         terminal: TerminalRecord,
-        final: bytes | None = None,
+        final: Chunk | None = None,
         final_seq: int = 0,
     ) -> Any:
         retention_ms = max(1, round(self.retention * 1000))
         args = [int(terminal.status), terminal_to_json(terminal), retention_ms, self.max_events]
         if final is not None:
-            args += [final_seq, final]
+            args += [final_seq, final.payload]
         return self._finish(keys=self._keys(run_id), args=args, client=client)
 
     def queue_append(
-        self, client: Any, run_id: str, payloads: list[bytes], first_seq: int = 0
+        self, client: Any, run_id: str, chunks: list[Chunk], first_seq: int = 0
     ) -> Any:
-        """The append script; `first_seq` numbers the payloads (0: after the last one)."""
-        args = [self.max_events, first_seq, *payloads]
+        """The append script; `first_seq` numbers the chunks (0: after the last one)."""
+        args: list[Any] = [self.max_events, first_seq]
+        for chunk in chunks:
+            if chunk.text is None:
+                args += [chunk.payload, "-", ""]
+            else:
+                args += [chunk.payload, f"t{chunk.index}", chunk.text]
         return self._append(keys=self._keys(run_id)[:3], args=args, client=client)
 
-    async def append(self, run_id: str, payloads: list[bytes]) -> int:
-        result = await self.queue_append(self.redis, run_id, payloads)
+    async def append(self, run_id: str, chunks: list[Chunk]) -> int:
+        result = await self.queue_append(self.redis, run_id, chunks)
         if result == -1:
             raise UnknownRun(run_id)
         if result == -2:
             raise LogClosed(run_id)
         return int(result)
 
-    async def read(self, run_id: str, after: int, limit: int = 0) -> list[tuple[int, bytes]]:
+    async def read(self, run_id: str, after: int, limit: int = 0) -> LogEvents:
         key, events, _, _ = self._keys(run_id)
         count = limit if limit > 0 else None
         entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
@@ -258,7 +285,7 @@ class RedisRunStore:
             entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
         if not entries or int(entries[0][0].split(b"-")[0]) != after + 1:
             raise ResumeWindowExpired(run_id)
-        return [(int(eid.split(b"-")[0]), fields[b"d"]) for eid, fields in entries]
+        return [(int(eid.split(b"-")[0]), _chunk(fields)) for eid, fields in entries]
 
     async def wait(self, run_id: str, after: int) -> None:
         key, _, channel, _ = self._keys(run_id)

@@ -228,7 +228,7 @@ def bearer(token: str) -> str:
 def test_authenticator_takes_the_tenant_from_the_configured_claim(tmp_path, rsa_key):
     auth = Authenticator(load_tenants(tenants_file(tmp_path, rsa_key)))
     token = jwt.encode(claims(tenant=None, org="acme"), rsa_key, algorithm="RS256")
-    assert auth.authenticate(bearer(token)) == Principal("acme", "jwt", "user-7")
+    assert auth.authenticate(bearer(token)) == Principal("acme", None, "user-7")
     unknown = jwt.encode(claims(tenant=None, org="globex"), rsa_key, algorithm="RS256")
     assert auth.authenticate(bearer(unknown)) is None  # signed, but not a tenant of the file
     wrong_claim = jwt.encode(claims(), rsa_key, algorithm="RS256")  # `tenant`, not `org`
@@ -248,9 +248,9 @@ def test_reload_swaps_the_whole_config_or_keeps_the_old_one(tmp_path, rsa_key):
 
     path.write_text(path.read_text().replace("[jwt]", "[tenants.globex]\n[jwt]"))
     auth.reload(load_tenants(path))
-    assert auth.authenticate(globex) == Principal("globex", "jwt", "user-7")
+    assert auth.authenticate(globex) == Principal("globex", None, "user-7")
 
     (tmp_path / "issuer.pem").unlink()
     with pytest.raises(TenantsFileError):
         auth.reload(load_tenants(path))
-    assert auth.authenticate(globex) == Principal("globex", "jwt", "user-7")
+    assert auth.authenticate(globex) == Principal("globex", None, "user-7")

@@ -14,9 +14,11 @@ from adapters.base import BackendFailed, BackendRejected
 from adapters.events import Admitted, ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest, Message
 from adapters.scripted import ScriptedAdapter, text_script
+from gateway.errors import terminal_error
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
+from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import RunRecord
 from gateway.runs.store_memory import MemoryRunStore
@@ -27,20 +29,18 @@ async def make_driver(script, deadlines=None, *, abortable=True, confirm_timeout
     adapter = ScriptedAdapter("m", script, abortable=abortable)
     await store.create(RunRecord("run-1", "t", "m", 0.0))
     request = ChatRequest("m", [Message("user", "hi")], stream=True, **chat)
-    driver = RunDriver(
-        store,
-        adapter,
-        "run-1",
-        request,
-        deadlines=deadlines,
-        metrics=GatewayMetrics(),
-        confirm_timeout=confirm_timeout,
-    )
+    spec = RunSpec("run-1", request, adapter, "t", deadlines=deadlines or Deadlines())
+    driver = RunDriver(spec, store, metrics=GatewayMetrics(), confirm_timeout=confirm_timeout)
     return store, adapter, driver
 
 
 async def log(store) -> list[dict]:
-    return [orjson.loads(p) for _, p in await store.read("run-1", 0)]
+    return [orjson.loads(c.payload) for _, c in await store.read("run-1", 0)]
+
+
+async def streaming(store, events: int = 1) -> None:
+    """Until the run's log holds its role chunk and `events` more: the stream is flowing."""
+    await asyncio.wait_for(store.wait("run-1", events), 5)
 
 
 def texts(events: list[dict]) -> str:
@@ -61,7 +61,7 @@ def samples(driver: RunDriver, name: str) -> dict[tuple, float]:
 
 async def test_a_completed_run_logs_every_chunk_and_its_object():
     store, adapter, driver = await make_driver(text_script(["a", "b", "c"]), include_usage=True)
-    record = await driver.start()
+    record = (await driver.start()).terminal
     events = await log(store)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert texts(events) == "abc"
@@ -85,10 +85,10 @@ async def test_cancel_mid_stream_ends_cancelled_is_confirmed_and_clean():
         text_script([f"t{i}" for i in range(100)], delay=0.01)
     )
     task = driver.start()
-    await asyncio.sleep(0.05)
+    await streaming(store, 3)
     assert driver.cancel("client")
     assert not driver.cancel("disconnect")  # idempotent: the first source stands
-    record = await task
+    record = (await task).terminal
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:client")
     events = await log(store)
     assert events[-1]["error"]["code"] == "cancelled"
@@ -115,9 +115,9 @@ async def test_tokens_arriving_after_the_cancel_are_tail_not_sent():
     store, adapter, driver = await make_driver(script, abortable=False)
     adapter.abort = slow_stop  # in-band, but the script does not listen: it just finishes
     task = driver.start()
-    await asyncio.sleep(0.05)
+    await streaming(store)  # "a" is in the log
     driver.cancel("client")
-    record = await task
+    record = (await task).terminal
     assert record.status == RunStatus.CANCELLED
     assert texts(await log(store)) == "a"  # "b" never reached the log
     assert (driver.acct.sent_tokens, driver.acct.tail_tokens) == (1, 2)
@@ -129,13 +129,13 @@ async def test_tokens_arriving_after_the_cancel_are_tail_not_sent():
 
 
 async def test_an_upstream_without_in_band_abort_has_its_stream_closed_unconfirmed():
-    _store, adapter, driver = await make_driver(
+    store, adapter, driver = await make_driver(
         text_script([f"t{i}" for i in range(100)], delay=0.01), abortable=False
     )
     task = driver.start()
-    await asyncio.sleep(0.05)
+    await streaming(store, 3)
     driver.cancel("client")
-    record = await task
+    record = (await task).terminal
     assert record.status == RunStatus.CANCELLED
     assert adapter.aborted == {"run-1": True}  # closed early
     assert samples(driver, "sluice_cancellations_total") == {
@@ -147,27 +147,27 @@ async def test_an_upstream_that_never_confirms_is_closed_after_the_confirm_timeo
     async def ignore(request_id):
         return True  # claims it will confirm, then never does
 
-    _store, adapter, driver = await make_driver(
+    store, adapter, driver = await make_driver(
         lambda r: [TextDelta("a"), 30.0, TextDelta("b")], abortable=False, confirm_timeout=0.1
     )
     adapter.abort = ignore
     task = driver.start()
-    await asyncio.sleep(0.05)
+    await streaming(store)
     driver.cancel("client")
-    record = await asyncio.wait_for(task, 2)
-    assert record.status == RunStatus.CANCELLED
+    outcome = await asyncio.wait_for(task, 2)
+    assert outcome.status == RunStatus.CANCELLED
     assert adapter.aborted == {"run-1": True}
-    assert driver.acct.cancel_outcome == "unconfirmed"
+    assert outcome.cancel_outcome == "unconfirmed"
 
 
 async def test_a_cancel_before_the_first_step_still_ends_the_run():
     _store, adapter, driver = await make_driver(text_script(["a"]))
     task = driver.start()
     driver.cancel("client")  # before the task ran a line
-    record = await task
-    assert record.status == RunStatus.CANCELLED
+    outcome = await task
+    assert outcome.status == RunStatus.CANCELLED
     assert adapter.requests == []  # the upstream was never asked
-    assert driver.acct.cancel_outcome == "clean"
+    assert outcome.cancel_outcome == "clean"
 
 
 @pytest.mark.parametrize(
@@ -189,7 +189,7 @@ async def test_a_cancel_before_the_first_step_still_ends_the_run():
 )
 async def test_each_deadline_is_its_own_cause_and_stops_the_upstream(script, deadlines, cause):
     store, adapter, driver = await make_driver(script, deadlines)
-    record = await driver.start()
+    record = (await driver.start()).terminal
     assert (record.status, record.cause) == (RunStatus.TIMED_OUT, cause)
     assert (await log(store))[-1]["error"]["code"] == "timeout"
     assert adapter.aborted == {"run-1": True}
@@ -202,16 +202,17 @@ async def test_admission_lifts_the_queue_deadline():
     _store, _, driver = await make_driver(
         lambda r: [Admitted(), 0.15, TextDelta("a"), Finish("stop")], Deadlines(queue=0.05)
     )
-    record = await driver.start()
-    assert record.status == RunStatus.COMPLETED
+    assert (await driver.start()).status == RunStatus.COMPLETED
 
 
 async def test_an_upstream_error_event_fails_the_run_with_its_own_error():
     store, _, driver = await make_driver(
         lambda r: [TextDelta("a"), ErrorEvent("worker_error", "x"), TextDelta("never")]
     )
-    record = await driver.start()
+    outcome = await driver.start()
+    record = outcome.terminal
     assert (record.status, record.cause) == (RunStatus.FAILED, "upstream:worker_error")
+    assert outcome.tail_tokens == 0  # the stream is closed at the failure: "never" is not read
     events = await log(store)
     assert texts(events) == "a"
     assert events[-1]["error"] == {
@@ -224,17 +225,18 @@ async def test_an_upstream_error_event_fails_the_run_with_its_own_error():
 
 async def test_a_backend_exception_mid_stream_fails_the_run_with_an_error_frame():
     store, _, driver = await make_driver(lambda r: [TextDelta("a"), BackendFailed("gone")])
-    record = await driver.start()
-    assert record.status == RunStatus.FAILED and record.http_status is None
+    record = (await driver.start()).terminal
+    assert record.status == RunStatus.FAILED and not record.refused
     assert (await log(store))[-1]["error"]["code"] == "upstream_error"
 
 
 async def test_a_refusal_before_any_event_is_an_http_error_not_a_stream():
     store, _, driver = await make_driver(lambda r: [BackendRejected("bad temp", "temperature")])
-    record = await driver.start()
-    assert record.status == RunStatus.REJECTED
-    assert (record.http_status, record.error["param"]) == (400, "temperature")
-    assert await log(store) == []  # nothing to stream: the request answers with a 400
+    record = (await driver.start()).terminal
+    assert record.status == RunStatus.REJECTED and record.refused
+    assert record.error["param"] == "temperature"
+    assert terminal_error(record).status == 400  # the request answers with a plain 400
+    assert await log(store) == []  # nothing to stream
 
 
 async def test_cancel_racing_completion_gives_one_terminal_state():
@@ -243,9 +245,9 @@ async def test_cancel_racing_completion_gives_one_terminal_state():
             lambda r: [TextDelta("a"), Finish("stop"), Usage(1, 1)]
         )
         task = driver.start()
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # NOTE: the race itself: the cancel lands at varied points
         driver.cancel("client")
-        record = await task
+        record = (await task).terminal
         stored = await store.get("run-1")
         assert stored.terminal == record
         assert record.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
@@ -260,9 +262,10 @@ async def test_cancel_racing_a_deadline_gives_one_terminal_state():
         lambda r: [TextDelta("a"), 1.0, TextDelta("b")], Deadlines(inter_token=0.05)
     )
     task = driver.start()
-    await asyncio.sleep(0.05)
+    await streaming(store)
+    await asyncio.sleep(0.05)  # NOTE: the race itself: the cancel lands as the deadline fires
     driver.cancel("client")
-    record = await task
+    record = (await task).terminal
     assert record.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
     assert len([e for e in await log(store) if "error" in e]) == 1
     assert sum(samples(driver, "sluice_cancellations_total").values()) == 1.0

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 
 from adapters.requests import ChatRequest, Message
 from adapters.scripted import ScriptedAdapter, text_script
-from gateway.runs.manager import RunManager
+from gateway.runs.manager import RunManager, new_run_id
+from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import ResumeWindowExpired
 from gateway.runs.store_memory import MemoryRunStore
@@ -21,23 +20,27 @@ def chat() -> ChatRequest:
     return ChatRequest("m", [Message("user", "hi")], stream=True)
 
 
-def text(events: list[tuple[int, bytes]]) -> str:
+async def start(manager: RunManager, adapter: ScriptedAdapter):
+    return await manager.start(RunSpec(new_run_id(), chat(), adapter, "t"))
+
+
+def text(events) -> str:
     out = []
-    for _, payload in events:
-        body = orjson.loads(payload)
+    for _, chunk in events:
+        body = orjson.loads(chunk.payload)
         for choice in body.get("choices", []):
             out.append(choice["delta"].get("content") or "")
     return "".join(out)
 
 
-async def collect(manager: RunManager, run_id: str, after: int = 0) -> list[tuple[int, bytes]]:
+async def collect(manager: RunManager, run_id: str, after: int = 0) -> list:
     return [e async for batch in manager.follow(run_id, after) for e in batch]
 
 
 async def test_follow_replays_then_follows_live_until_the_end():
     manager = RunManager(MemoryRunStore())
     adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.002))
-    driver = await manager.start(chat(), adapter, "t")
+    driver = await start(manager, adapter)
     events = await collect(manager, driver.run_id)
     assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
     assert text(events) == "".join(PIECES)
@@ -46,7 +49,7 @@ async def test_follow_replays_then_follows_live_until_the_end():
 
 async def test_resuming_after_any_event_gives_exactly_the_rest():
     manager = RunManager(MemoryRunStore())
-    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES)), "t")
+    driver = await start(manager, ScriptedAdapter("m", text_script(PIECES)))
     whole = await collect(manager, driver.run_id)
     for n in range(len(whole) + 1):
         head = [e for e in whole if e[0] <= n]
@@ -55,7 +58,7 @@ async def test_resuming_after_any_event_gives_exactly_the_rest():
 
 async def test_events_past_retention_cannot_be_resumed():
     manager = RunManager(MemoryRunStore(max_events=8))
-    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES)), "t")
+    driver = await start(manager, ScriptedAdapter("m", text_script(PIECES)))
     await manager.result(driver.run_id)
     with pytest.raises(ResumeWindowExpired):
         await collect(manager, driver.run_id, after=1)
@@ -64,13 +67,13 @@ async def test_events_past_retention_cannot_be_resumed():
 async def test_last_follower_gone_cancels_after_the_grace_window():
     manager = RunManager(MemoryRunStore(), disconnect_grace=0.05)
     adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.05))
-    driver = await manager.start(chat(), adapter, "t")
+    driver = await start(manager, adapter)
     await manager.attach(driver.run_id)
     await manager.attach(driver.run_id)
-    await manager.detach(driver.run_id)  # one follower left: no timer
-    await asyncio.sleep(0.1)
-    assert driver.terminal is None
+    await manager.detach(driver.run_id)  # one follower left: no grace window
+    assert not manager.in_grace(driver.run_id) and driver.terminal is None
     await manager.detach(driver.run_id)
+    assert manager.in_grace(driver.run_id)
     record = await manager.result(driver.run_id)
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:disconnect")
     await driver.task
@@ -81,11 +84,12 @@ async def test_last_follower_gone_cancels_after_the_grace_window():
 async def test_a_follower_back_within_the_grace_window_keeps_the_run():
     manager = RunManager(MemoryRunStore(), disconnect_grace=0.1)
     adapter = ScriptedAdapter("m", text_script(PIECES[:6], delay=0.03))
-    driver = await manager.start(chat(), adapter, "t")
+    driver = await start(manager, adapter)
     await manager.attach(driver.run_id)
     await manager.detach(driver.run_id)
-    await asyncio.sleep(0.05)
+    assert manager.in_grace(driver.run_id)
     await manager.attach(driver.run_id)  # resumed in time
+    assert not manager.in_grace(driver.run_id)
     record = await manager.result(driver.run_id)
     await manager.detach(driver.run_id)
     assert record.status == RunStatus.COMPLETED
@@ -94,7 +98,7 @@ async def test_a_follower_back_within_the_grace_window_keeps_the_run():
 
 async def test_cancel_is_idempotent_and_a_no_op_once_ended():
     manager = RunManager(MemoryRunStore())
-    driver = await manager.start(chat(), ScriptedAdapter("m", text_script(PIECES, delay=0.05)), "t")
+    driver = await start(manager, ScriptedAdapter("m", text_script(PIECES, delay=0.05)))
     await manager.cancel(driver.run_id, "client")
     await manager.cancel(driver.run_id, "disconnect")
     record = await manager.result(driver.run_id)

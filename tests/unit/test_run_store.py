@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
+    Chunk,
     LogClosed,
     ResumeWindowExpired,
     RunRecord,
@@ -50,6 +51,14 @@ async def store(request, redis_space):
     await store.close()
 
 
+def ev(*payloads: bytes) -> list[Chunk]:
+    return [Chunk(p) for p in payloads]
+
+
+def log_of(*pairs) -> list:
+    return [(seq, Chunk(p)) for seq, p in pairs]
+
+
 async def new_run(store, run_id: str = "run-1") -> str:
     await store.create(RunRecord(run_id, tenant="t", model="m", created=0.0))
     return run_id
@@ -57,16 +66,16 @@ async def new_run(store, run_id: str = "run-1") -> str:
 
 async def test_events_get_consecutive_seq_numbers_and_read_after_n(store):
     run = await new_run(store)
-    assert await store.append(run, [b"a", b"b"]) == 2
-    assert await store.append(run, [b"c"]) == 3
-    assert await store.read(run, 0) == [(1, b"a"), (2, b"b"), (3, b"c")]
-    assert await store.read(run, 2) == [(3, b"c")]
+    assert await store.append(run, ev(b"a", b"b")) == 2
+    assert await store.append(run, ev(b"c")) == 3
+    assert await store.read(run, 0) == log_of((1, b"a"), (2, b"b"), (3, b"c"))
+    assert await store.read(run, 2) == log_of((3, b"c"))
     assert await store.read(run, 3) == []
 
 
 async def test_events_past_retention_are_a_resume_window_error(store):
     run = await new_run(store)
-    await store.append(run, [b"%d" % i for i in range(1, 8)])  # keeps 3..7
+    await store.append(run, ev(*(b"%d" % i for i in range(1, 8))))  # keeps 3..7
     assert [seq for seq, _ in await store.read(run, 2)] == [3, 4, 5, 6, 7]
     with pytest.raises(ResumeWindowExpired):
         await store.read(run, 1)
@@ -84,7 +93,7 @@ async def test_exactly_one_terminal_transition(store):
     assert record.status == RunStatus.COMPLETED and record.terminal == done
     assert not await store.advance(run, RunStatus.FINALIZING)
     with pytest.raises(LogClosed):
-        await store.append(run, [b"late"])
+        await store.append(run, ev(b"late"))
 
 
 async def test_followers_wake_on_append_and_on_finish(store):
@@ -92,7 +101,7 @@ async def test_followers_wake_on_append_and_on_finish(store):
     waiter = asyncio.create_task(store.wait(run, 0))
     await asyncio.sleep(0.01)
     assert not waiter.done()
-    await store.append(run, [b"x"])
+    await store.append(run, ev(b"x"))
     await asyncio.wait_for(waiter, 1)
     waiter = asyncio.create_task(store.wait(run, 1))
     await asyncio.sleep(0.01)
@@ -103,32 +112,40 @@ async def test_followers_wake_on_append_and_on_finish(store):
 
 async def test_the_winning_finish_appends_its_final_event_the_loser_nothing(store):
     run = await new_run(store)
-    await store.append(run, [b"a"])
-    cancelled = TerminalRecord(RunStatus.CANCELLED, "cancel:client", http_status=None)
-    assert await store.finish(run, cancelled, b"error-frame")
-    assert not await store.finish(run, TerminalRecord(RunStatus.FAILED, "x"), b"second")
-    assert await store.read(run, 0) == [(1, b"a"), (2, b"error-frame")]
+    await store.append(run, ev(b"a"))
+    cancelled = TerminalRecord(RunStatus.CANCELLED, "cancel:client")
+    assert await store.finish(run, cancelled, Chunk(b"error-frame"))
+    assert not await store.finish(run, TerminalRecord(RunStatus.FAILED, "x"), Chunk(b"second"))
+    assert await store.read(run, 0) == log_of((1, b"a"), (2, b"error-frame"))
     record = await store.get(run)
     assert (record.last_seq, record.terminal) == (2, cancelled)
 
 
-async def test_terminal_records_keep_their_http_answer(store):
+async def test_terminal_records_keep_a_refusal_and_its_completion(store):
     run = await new_run(store)
     refused = TerminalRecord(
-        RunStatus.REJECTED,
-        "upstream",
-        error={"code": "x"},
-        http_status=503,
-        http_headers={"retry-after": "2"},
+        RunStatus.FAILED,
+        "upstream:BackendUnavailable",
+        completion=b'{"choices":[],"note":"caf\xc3\xa9"}',
+        error={"code": "overloaded"},
+        refused=True,
+        retry_after=2.0,
     )
     await store.finish(run, refused)
     assert (await store.get(run)).terminal == refused
 
 
+async def test_text_chunks_keep_their_text_and_choice(store):
+    run = await new_run(store)
+    chunks = [Chunk(b"{}", "你好", 2), Chunk(b"{}", "", 0), Chunk(b"{}")]
+    await store.append(run, chunks)
+    assert [c for _, c in await store.read(run, 0)] == chunks
+
+
 async def test_reads_can_be_limited(store):
     run = await new_run(store)
-    await store.append(run, [b"a", b"b", b"c", b"d"])
-    assert await store.read(run, 1, limit=2) == [(2, b"b"), (3, b"c")]
+    await store.append(run, ev(b"a", b"b", b"c", b"d"))
+    assert await store.read(run, 1, limit=2) == log_of((2, b"b"), (3, b"c"))
 
 
 async def test_followers_are_counted_and_never_negative(store):
@@ -161,18 +178,18 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner(re
     other = RedisRunStore(client, prefix=prefix, max_events=50)
     try:
         run = await new_run(owner)
-        await owner.append(run, [b"a"])
+        await owner.append(run, ev(b"a"))
         await owner.writes.settle(run)  # in Redis now, as it is a few ms after any append
         waiter = asyncio.create_task(owner.wait(run, 1))
         await asyncio.sleep(0.01)
         lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
-        assert await other.finish(run, lost, b"lost-frame")  # it took the owner for dead
-        await owner.append(run, [b"late"])  # taken locally; Redis refuses it on the way
+        assert await other.finish(run, lost, Chunk(b"lost-frame"))  # it took the owner for dead
+        await owner.append(run, ev(b"late"))  # taken locally; Redis refuses it on the way
         await owner.writes.settle(run)
         with pytest.raises(LogClosed):
-            await owner.append(run, [b"later"])  # the owner knows now
+            await owner.append(run, ev(b"later"))  # the owner knows now
         await asyncio.wait_for(waiter, 2)
-        assert await owner.read(run, 1) == [(2, b"lost-frame")]  # now from Redis
+        assert await owner.read(run, 1) == log_of((2, b"lost-frame"))  # now from Redis
         assert (await owner.get(run)).terminal == lost
     finally:
         await owner.close()
@@ -186,13 +203,14 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
         runs = [await new_run(owner, f"run-{i}") for i in range(5)]
         for n in range(40):  # interleaved appends of five runs, several per tick
             for run in runs:
-                await owner.append(run, [b"%d" % n])
+                await owner.append(run, ev(b"%d" % n))
             if n % 7 == 0:
                 await asyncio.sleep(0.003)
         for run in runs:
-            await owner.finish(run, TerminalRecord(RunStatus.COMPLETED, "completed"), b"end")
+            done = TerminalRecord(RunStatus.COMPLETED, "completed")
+            await owner.finish(run, done, Chunk(b"end"))
             events = await elsewhere.read(run, 0)  # what another replica sees
-            assert [p for _, p in events] == [b"%d" % n for n in range(40)] + [b"end"]
+            assert [c.payload for _, c in events] == [b"%d" % n for n in range(40)] + [b"end"]
             assert [seq for seq, _ in events] == list(range(1, 42))
     finally:
         await owner.close()
@@ -201,11 +219,11 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
 async def test_a_runs_events_are_bounded_in_bytes_older_ones_dropped():
     store = MemoryRunStore(max_events=100, max_event_bytes=1000)
     run = await new_run(store)
-    await store.append(run, [b"%03d" % i + b"x" * 197 for i in range(10)])  # 280 B each, kept
+    await store.append(run, ev(*(b"%03d" % i + b"x" * 157 for i in range(10))))  # 280 B each
     assert [seq for seq, _ in await store.read(run, 7)] == [8, 9, 10]
     with pytest.raises(ResumeWindowExpired):
         await store.read(run, 6)
-    assert store.bytes_held() == 3 * 280
+    assert store.bytes_held() == 3 * 280  # 160 B of payload, 120 B of overhead each
 
 
 async def test_ended_runs_are_bounded_in_bytes_oldest_first_and_followed_ones_kept():

@@ -25,7 +25,7 @@ from gateway.app_keys import RUNS
 from gateway.backpressure import COALESCE_AT, coalesce
 from gateway.runs.endings import ending
 from gateway.runs.status import RunStatus
-from gateway.runs.store import ResumeWindowExpired
+from gateway.runs.store import Chunk, ResumeWindowExpired
 from gateway.sse import SlowClient, SSEWriter
 from tests.support.gateway import (
     API_KEY,
@@ -254,7 +254,7 @@ async def test_a_write_to_a_paused_socket_is_timed_out_even_under_the_high_water
     )
     async with asyncio.timeout(5):  # the bug this guards against is a write that never ends
         with pytest.raises(SlowClient):
-            await writer.send([(1, b"{}")])
+            await writer.send([(1, Chunk(b"{}"))])
     assert writer.blocked >= 0.2
 
 
@@ -263,31 +263,33 @@ async def test_a_write_to_a_paused_socket_is_timed_out_even_under_the_high_water
 R = ChunkRenderer("chatcmpl-test", "scripted", created=1)
 
 
-def text(piece: str, index: int = 0) -> bytes:
-    return R.render(TextDelta(piece, index=index))
+def text(piece: str, index: int = 0) -> Chunk:
+    """A plain text delta as the run's pipeline puts it in the log: its chunk and its text."""
+    return Chunk(R.render(TextDelta(piece, index=index)), piece, index)
 
 
-def numbered(payloads: list[bytes]) -> list[tuple[int, bytes]]:
-    return list(enumerate(payloads, start=1))
+def numbered(chunks: list[Chunk]) -> list[tuple[int, Chunk]]:
+    return list(enumerate(chunks, start=1))
 
 
-def content(payload: bytes) -> tuple[int, str]:
-    (choice,) = orjson.loads(payload)["choices"]
+def content(chunk: Chunk) -> tuple[int, str]:
+    (choice,) = orjson.loads(chunk.payload)["choices"]
     return choice["index"], choice["delta"]["content"]
 
 
 def test_a_short_backlog_is_left_as_it_is():
     events = numbered([text(f"{i}") for i in range(COALESCE_AT - 1)])
-    assert coalesce(events) == events
+    assert coalesce(events, R) == events
 
 
 def test_a_long_backlog_merges_runs_of_plain_text_of_one_choice_and_keeps_the_rest():
-    usage = R.usage(Usage(3, 30))
+    usage = Chunk(R.usage(Usage(3, 30)))
     error = ending(RunStatus.CANCELLED, "cancel:client")[1]
-    tool = R.render(ToolCallDelta(0, '{"city": ', id="call_1", name="weather"))
-    with_logprobs = R.render(TextDelta("lp", logprobs=[{"token": "lp", "logprob": -0.5}]))
+    tool = Chunk(R.render(ToolCallDelta(0, '{"city": ', id="call_1", name="weather")))
+    lp = [{"token": "lp", "logprob": -0.5}]
+    with_logprobs = Chunk(R.render(TextDelta("lp", logprobs=lp)))  # no text: not mergeable
     payloads = [
-        R.role(0),  # 1
+        Chunk(R.role(0)),  # 1
         *[text(f"a{i} ") for i in range(10)],  # 2..11
         text("b0 ", index=1),  # 12: another choice
         text("a10 "),  # 13
@@ -298,28 +300,27 @@ def test_a_long_backlog_merges_runs_of_plain_text_of_one_choice_and_keeps_the_re
         text("a13 "),  # 18
         text("b1 ", index=1),  # 19
         text("b2 ", index=1),  # 20
-        R.render(Finish("stop")),  # 21
+        Chunk(R.render(Finish("stop"))),  # 21
         usage,  # 22
         error,  # 23
     ]
     events = numbered(payloads)
     assert len(events) >= COALESCE_AT
-    out = coalesce(events)
+    out = coalesce(events, R)
     assert [seq for seq, _ in out] == [1, 11, 12, 14, 15, 16, 17, 18, 20, 21, 22, 23]
     merged = dict(out)
     assert content(merged[11]) == (0, "".join(f"a{i} " for i in range(10)))
     assert content(merged[14]) == (0, "a10 a11 ")
     assert content(merged[20]) == (1, "b1 b2 ")
     for seq in (1, 12, 15, 16, 17, 18, 21, 22, 23):  # alone or not plain text: as they were
-        assert orjson.loads(merged[seq]) == orjson.loads(payloads[seq - 1])
-    for seq in (15, 17, 21, 22, 23):
         assert merged[seq] == payloads[seq - 1]  # byte for byte
-    assert orjson.loads(merged[11])["id"] == "chatcmpl-test"  # still a whole chunk
+    assert orjson.loads(merged[11].payload)["id"] == "chatcmpl-test"  # still a whole chunk
+    assert merged[11].payload == text("".join(f"a{i} " for i in range(10))).payload
 
 
 def test_merging_never_changes_the_text_of_any_choice():
     payloads = [text(f"{i}é", index=i % 3 // 2) for i in range(50)]
-    out = coalesce(numbered(payloads))
+    out = coalesce(numbered(payloads), R)
     assert len(out) < len(payloads)
     for index in (0, 1):
         before = "".join(c for i, c in map(content, payloads) if i == index)

@@ -1,0 +1,165 @@
+"""One chat request's run, from its Idempotency-Key claim to its settlement, owned in one place.
+
+In order: the key is claimed (or the run an earlier request with it started is found), the
+tenant's quota reserves the run, the run starts; when it is over, however it ends, the unused
+reservation is refunded, its ending is kept with its key, and it leaves one usage record. What
+is taken is given back here too: a first attempt that fails before its run starts releases its
+reservation and its key, so a retry can try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from adapters.requests import ChatRequest
+from gateway import replays
+from gateway.admission import backend_for, prompt_estimate, reserve
+from gateway.app_keys import (
+    DEFERRED,
+    LEDGER,
+    PRINCIPAL,
+    QUOTAS,
+    RATE_HEADERS,
+    RUNS,
+    SETTINGS,
+    STARTED,
+    TENANT,
+)
+from gateway.errors import APIError
+from gateway.ledger import UsageRecord
+from gateway.runs.manager import new_run_id
+from gateway.runs.spec import RunOutcome, RunSpec
+from gateway.runs.status import PUBLIC_STATUS
+from gateway.runs.store import TerminalRecord
+from policies.quotas import Admission
+
+
+@dataclass(slots=True, frozen=True)
+class Opened:
+    """What a chat request answers from: the run to follow, or (`ending`) the saved ending of
+    the run its Idempotency-Key started, once that run is no longer kept; and the headers the
+    answer carries (rate limits, `idempotent-replayed`)."""
+
+    run_id: str
+    ending: TerminalRecord | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RunLife:
+    def __init__(self, request: web.Request, chat: ChatRequest, body: dict) -> None:
+        """Checks the request for its tenant (model, access, caps, a ready backend): an
+        APIError here means nothing was claimed or reserved."""
+        self.app = request.app
+        self.request = request
+        self.tenant = request[TENANT]
+        self.principal = request[PRINCIPAL]
+        self.chat = chat
+        self.body = body
+        adapter = backend_for(request, self.tenant, chat, body)
+        self.key = replays.idempotency_key(request)
+        self.spec = RunSpec(
+            run_id=new_run_id(),
+            chat=chat,
+            adapter=adapter,
+            tenant=self.tenant.name,
+            principal=self.principal.label,
+            deadlines=self.app[SETTINGS].deadlines(self.tenant.deadlines),
+            started=request[STARTED],
+        )
+        self.admission: Admission | None = None
+
+    async def open(self) -> Opened:
+        """Claim, reserve, start; or find what a repeat of this request answers from."""
+        opening = asyncio.ensure_future(self._open())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # NOTE: a client that goes away while its run is opening must not strand a claim,
+            # a concurrency slot or a reservation: the opening completes, and its run, which
+            # nobody will follow, is cancelled (and settles like any other).
+            opening.add_done_callback(self._abandoned)
+            raise
+
+    async def _open(self) -> Opened:
+        if self.key is not None:
+            replay = await replays.claim(
+                self.request, self.tenant.name, self.key, self.body, self.spec.run_id
+            )
+            if replay is not None:
+                return Opened(replay.run_id, replay.answer, dict(replays.REPLAYED))
+        try:
+            try:
+                self.admission, headers = await reserve(
+                    self.app, self.tenant, self.chat, self.spec.run_id
+                )
+            except APIError:
+                self.request[RATE_HEADERS] = {}  # a refusal carries its own
+                raise
+            self.request[RATE_HEADERS] = headers
+            await self.app[RUNS].start(self.spec, self.settle)
+        except BaseException:
+            await asyncio.shield(self._give_back())
+            raise
+        return Opened(self.spec.run_id)
+
+    async def _give_back(self) -> None:
+        """The run did not start: its reservation and its key go back."""
+        deferred = self.app[DEFERRED]
+        if self.admission is not None:
+            admission = self.admission
+            await deferred.run("quota release", lambda: self.app[QUOTAS].release(admission, 0))
+        if self.key is not None:
+            key, tenant, run_id = self.key, self.tenant.name, self.spec.run_id
+            await deferred.run(
+                "idempotency release", lambda: replays.release(self.request, tenant, key, run_id)
+            )
+
+    def _abandoned(self, opening: asyncio.Future[Opened]) -> None:
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        opened = opening.result()
+        if opened.run_id == self.spec.run_id:  # ours, not a replay's: nobody will read it
+            self.app[RUNS].cancel_here(opened.run_id, "disconnect")
+
+    async def settle(self, outcome: RunOutcome) -> None:
+        """The run is over: its ending with its key, the unused reservation refunded, one
+        usage record. A Redis outage defers the first two (gateway/store_health.py); the
+        record falls back to this host's file (gateway/ledger.py)."""
+        app, deferred = self.app, self.app[DEFERRED]
+        if self.key is not None:
+            key, terminal = self.key, outcome.terminal
+            await deferred.run(
+                "idempotency ending",
+                lambda: replays.remember(app, outcome.tenant, key, outcome.run_id, terminal),
+            )
+        prompt = outcome.prompt_tokens
+        if self.admission is not None:
+            admission = self.admission
+            used = (prompt if prompt is not None else prompt_estimate(self.chat)) + (
+                outcome.generated_tokens
+            )
+            await deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
+        await app[LEDGER].append(usage_record(outcome))
+
+
+def usage_record(outcome: RunOutcome) -> UsageRecord:
+    return UsageRecord(
+        run_id=outcome.run_id,
+        tenant=outcome.tenant,
+        principal=outcome.principal,
+        model=outcome.model,
+        status=PUBLIC_STATUS[outcome.status],
+        finish_reason=outcome.finish_reason,
+        cancel_source=outcome.cancel_source,
+        prompt_tokens=outcome.prompt_tokens or 0,
+        generated_tokens=outcome.generated_tokens,
+        sent_tokens=outcome.sent_tokens,
+        tail_tokens=outcome.tail_tokens,
+        ttft_s=outcome.ttft_s,
+        e2e_s=outcome.e2e_s,
+        ended_at=time.time(),
+    )

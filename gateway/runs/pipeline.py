@@ -1,0 +1,92 @@
+"""A run's pipeline, built in one place: adapter events → stages → renderer → the event log.
+
+A stage sits between the upstream and the log and may change, hold back or drop what passes
+(the safety window is the next one: it holds text until its checkers pass it). Whatever a stage
+lets through is rendered into chunks for the log and added to the completion object, so the
+log, a resume, a replay and the stored object all hold exactly what the stages released.
+Adding a stage is one class with `feed` and `finish`, and one entry in the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from adapters.events import Accepted, Event, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.to_openai import ChunkRenderer, CompletionBuilder
+from gateway.runs.store import Chunk
+
+
+class Stage(Protocol):
+    """One step between the adapter and the log."""
+
+    def feed(self, events: list[Event]) -> list[Event]:
+        """What may pass now of these events (and of any held back before)."""
+
+    def finish(self) -> list[Event]:
+        """The upstream is done: what is still held, to pass or drop before the ending."""
+
+
+class RunPipeline:
+    """Turns a run's upstream events into the chunks of its log, through its stages."""
+
+    def __init__(
+        self, run_id: str, model: str, created: int, n: int, stages: Sequence[Stage] = ()
+    ) -> None:
+        self.run_id = run_id
+        self.model = model
+        self.created = created
+        self.n = n
+        self.stages = tuple(stages)
+        self.renderer = ChunkRenderer(run_id, model, created)
+        self.builder = CompletionBuilder(n)
+        self.opened = False  # the role chunks are in the log
+
+    def feed(self, events: list[Event]) -> list[Chunk]:
+        """The chunks for a batch of upstream events: the role chunks first (when the upstream
+        accepted the run, or with its first chunk), then what the stages let through."""
+        chunks: list[Chunk] = []
+        if not self.opened and any(type(e) is Accepted for e in events):
+            chunks += self._open()
+        for stage in self.stages:
+            events = stage.feed(events)
+        for event in events:
+            chunk = self._render(event)
+            if chunk is not None:
+                if not self.opened:
+                    chunks += self._open()
+                chunks.append(chunk)
+        return chunks
+
+    def finish(self) -> list[Chunk]:
+        """The upstream is done: what the stages still held."""
+        events: list[Event] = []
+        for stage in self.stages:
+            events = stage.feed(events) + stage.finish()
+        return [c for e in events if (c := self._render(e)) is not None]
+
+    def usage_chunk(self) -> Chunk | None:
+        usage = self.builder.usage
+        return None if usage is None else Chunk(self.renderer.usage(usage))
+
+    def completion(self, created: int) -> bytes:
+        return self.builder.build(self.run_id, self.model, created)
+
+    def _open(self) -> list[Chunk]:
+        self.opened = True
+        return [Chunk(self.renderer.role(i)) for i in range(self.n)]
+
+    def _render(self, event: Event) -> Chunk | None:
+        kind = type(event)
+        if kind is TextDelta:
+            self.builder.add(event)
+            payload = self.renderer.render(event)
+            if event.logprobs is None:  # plain text: mergeable for a client that fell behind
+                return Chunk(payload, event.text, event.index)
+            return Chunk(payload)
+        if kind is ToolCallDelta or kind is Finish:
+            self.builder.add(event)
+            return Chunk(self.renderer.render(event))
+        if kind is Usage:
+            self.builder.add(event)
+        return None
