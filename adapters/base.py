@@ -20,6 +20,7 @@ class ModelInfo:
     id: str
     owned_by: str = "sluicegate"
     max_model_len: int | None = None
+    created: int | None = None  # Unix time the backend made it available (when it says)
 
 
 class BackendRejected(Exception):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from adapters.base import Adapter, ModelInfo
 
 
@@ -13,8 +16,13 @@ class Catalog:
         self.adapters: list[Adapter] = []
 
     async def add(self, adapter: Adapter) -> None:
+        """Route the adapter's models; a model whose backend does not say when it was made
+        available counts from now."""
         self.adapters.append(adapter)
+        now = int(time.time())
         for info in await adapter.models():
+            if info.created is None:
+                info = replace(info, created=now)
             self._routes.setdefault(info.id, (adapter, info))
 
     def lookup(self, model: str) -> Adapter | None:

@@ -103,7 +103,9 @@ class WorkerAdapter:
             raise BackendUnavailable(f"worker {self.name} is unreachable") from exc
         if info.get("api_version") != api.API_VERSION:
             raise BackendFailed(f"worker {self.name} speaks API version {info.get('api_version')}")
-        self._model = ModelInfo(info["id"], max_model_len=info.get("max_model_len"))
+        self._model = ModelInfo(
+            info["id"], max_model_len=info.get("max_model_len"), created=info.get("created")
+        )
         self._max_body = info.get("max_body_bytes")
 
     async def models(self) -> list[ModelInfo]:

@@ -45,7 +45,7 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-timeout", type=float, help="seconds to wait for admission (0: none)")
     p.add_argument("--ttft-timeout", type=float, help="seconds to the first token (0: none)")
     p.add_argument("--inter-token-timeout", type=float, help="seconds between tokens (0: none)")
-    p.add_argument("--request-timeout", type=float, help="seconds for a whole run (0: none)")
+    p.add_argument("--total-timeout", type=float, help="seconds for a whole run (0: none)")
     p.add_argument("--slow-client-timeout", type=float, help="detach a stream unwritable this long")
     p.add_argument("--run-retention", type=float, help="seconds an ended run stays resumable")
     p.add_argument(
@@ -72,7 +72,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
 
-def _banner(settings: Settings, key: str) -> str:
+def _banner(settings: Settings, key: str, model: str) -> str:
+    """The generated key and a snippet for `model`, the first model the gateway serves."""
     base = f"http://{settings.host}:{settings.port}/v1"
     return f"""
 sluicegate is serving on {base}
@@ -85,7 +86,7 @@ Try it:
     from openai import OpenAI
     client = OpenAI(base_url="{base}", api_key="{key}")
     stream = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct",
+        model="{model}",
         messages=[{{"role": "user", "content": "What is the capital of France?"}}],
         temperature=0,
         stream=True,
@@ -95,8 +96,9 @@ Try it:
 """
 
 
-async def _serve(settings: Settings, banner: str | None) -> None:
+async def _serve(settings: Settings, generated_key: str | None) -> None:
     from gateway.app import create_app
+    from gateway.app_keys import CATALOG
 
     app = create_app(settings)
     # NOTE: aiohttp's access log formats a plain-text line per request; the structured
@@ -114,8 +116,9 @@ async def _serve(settings: Settings, banner: str | None) -> None:
     await runner.setup()  # starts the workers and adapters
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
-    if banner:
-        print(banner, flush=True)
+    if generated_key:
+        models = app[CATALOG].models()
+        print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)
     print(f"sluicegate ready on http://{settings.host}:{settings.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -131,13 +134,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("cmd", "func")}
     settings = load_settings(flags)
     configure_logging(settings.log_level)
-    banner = None
+    key = None
     if not settings.api_key and not settings.tenants:
         key = generate_key()
         settings.api_key = [key]
-        banner = _banner(settings, key)
     try:
-        asyncio.run(_serve(settings, banner))
+        asyncio.run(_serve(settings, key))
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 1

@@ -37,7 +37,7 @@ class Settings:
     queue_timeout: float = 120.0
     ttft_timeout: float = 0.0
     inter_token_timeout: float = 60.0
-    request_timeout: float = 1800.0
+    total_timeout: float = 1800.0  # the name tenants use too
     slow_client_timeout: float = 30.0  # a stream unwritable this long is detached
     cancel_confirm_timeout: float = 5.0  # wait this long for the upstream to confirm a stop
     run_retention: float = 600.0  # seconds an ended run can still be retrieved and resumed
@@ -74,7 +74,7 @@ class Settings:
             queue=limit("queue_timeout", self.queue_timeout),
             ttft=limit("ttft_timeout", self.ttft_timeout),
             inter_token=limit("inter_token_timeout", self.inter_token_timeout),
-            total=limit("total_timeout", self.request_timeout),
+            total=limit("total_timeout", self.total_timeout),
         )
 
     def upstreams(self) -> list[tuple[str, str]]:

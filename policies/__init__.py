@@ -1,1 +1,1 @@
-"""Per-request policies: auth, quotas, idempotency and the safety window."""
+"""Per-request policies: authentication (keys, JWT), the tenants file, quotas, idempotency."""

@@ -27,7 +27,10 @@ from policies.tenants_fields import Section, TenantsFileError
 ALGORITHMS = ("HS256", "RS256", "ES256")
 DEADLINE_FIELDS = ("queue_timeout", "ttft_timeout", "inter_token_timeout", "total_timeout")
 _LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens", "budget_tokens")
-_TENANT_FIELDS = (*_LIMIT_FIELDS, "budget_period", "models", "safety", *DEADLINE_FIELDS, "keys")
+_TENANT_FIELDS = (*_LIMIT_FIELDS, "budget_period", "models", *DEADLINE_FIELDS, "keys")
+# NOTE: refused, not ignored, until the safety window exists: a policy the file names and
+# nothing enforces would be a promise the gateway does not keep.
+_NOT_YET = "safety windows are not available in this version of sluicegate; remove it"
 _JWT_FIELDS = (
     "algorithms",
     "issuer",
@@ -75,7 +78,6 @@ class Tenant:
     name: str
     limits: TenantLimits = TenantLimits()
     models: tuple[str, ...] = ("*",)  # fnmatch globs
-    safety: str | None = None
     deadlines: dict[str, float] = field(default_factory=dict)  # any of DEADLINE_FIELDS
     keys: tuple[KeyEntry, ...] = ()
 
@@ -102,7 +104,6 @@ class JWTSettings:
 class TenantsConfig:
     tenants: dict[str, Tenant]
     jwt: JWTSettings | None = None
-    safety: dict[str, dict] = field(default_factory=dict)  # raw [safety.NAME] tables
     path: str | None = None
 
 
@@ -134,15 +135,16 @@ def _parse_text(text: str, path: Path) -> TenantsConfig:
 
 
 def _parse(raw: dict[str, Any], path: Path) -> TenantsConfig:
-    Section(path, "top level").reject_unknown(raw, ("tenants", "safety", "jwt"))
-    safety = _tables(raw, "safety", path)
+    top = Section(path, "top level")
+    if "safety" in raw:
+        top.fail("safety", _NOT_YET)
+    top.reject_unknown(raw, ("tenants", "jwt"))
     tenants = {
-        name: _tenant(name, table, path, safety)
-        for name, table in _tables(raw, "tenants", path).items()
+        name: _tenant(name, table, path) for name, table in _tables(raw, "tenants", path).items()
     }
     _check_unique_keys(tenants, path)
     jwt = _jwt(raw["jwt"], path) if "jwt" in raw else None
-    return TenantsConfig(tenants=tenants, jwt=jwt, safety=safety, path=str(path))
+    return TenantsConfig(tenants=tenants, jwt=jwt, path=str(path))
 
 
 def _tables(raw: dict[str, Any], name: str, path: Path) -> dict[str, dict]:
@@ -156,24 +158,22 @@ def _tables(raw: dict[str, Any], name: str, path: Path) -> dict[str, dict]:
     return value
 
 
-def _tenant(name: str, table: dict[str, Any], path: Path, safety: dict[str, dict]) -> Tenant:
+def _tenant(name: str, table: dict[str, Any], path: Path) -> Tenant:
     where = Section(path, f"tenant {name!r}", tenant=name)
+    if "safety" in table:
+        where.fail("safety", _NOT_YET)
     where.reject_unknown(table, _TENANT_FIELDS)
     limits = {f: where.positive_int(table, f) for f in _LIMIT_FIELDS}
     period = where.seconds(table, "budget_period", allow_zero=False)
     if (period is None) != (limits["budget_tokens"] is None):
         missing = "budget_tokens" if period is not None else "budget_period"
         where.fail(missing, "budget_tokens and budget_period go together; set both or neither")
-    policy = where.text(table, "safety")
-    if policy is not None and policy not in safety:
-        where.fail("safety", f"no [safety.{policy}] table in this file")
     deadlines = {f: where.seconds(table, f, allow_zero=True) for f in DEADLINE_FIELDS}
     models = where.strings(table, "models")
     return Tenant(
         name=name,
         limits=TenantLimits(**limits, budget_period=period),
         models=("*",) if models is None else models,
-        safety=policy,
         deadlines={f: s for f, s in deadlines.items() if s is not None},
         keys=_keys(table.get("keys", []), where),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class WorkerService:
         self.metrics = WorkerMetrics(registry, self.stats)
         self._preloaded = loaded
         self._loaded: LoadedModel | None = None
+        self._started_at = 0
         self._engine: AsyncEngine | None = None
         self._tokenize: ThreadPoolExecutor | None = None
         self.ready = asyncio.Event()
@@ -82,6 +84,7 @@ class WorkerService:
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
             self._engine.start()
             self._loaded = loaded
+            self._started_at = int(time.time())
             self.ready.set()
         except Exception as e:  # the edge: reported by the CLI, which exits non-zero
             log.error("worker failed to start", error=type(e).__name__, message=str(e))
@@ -124,6 +127,7 @@ class WorkerService:
             "dtype": dtype_name(model.dtype),
             "api_version": api.API_VERSION,
             "max_body_bytes": self.config.max_body_bytes,
+            "created": self._started_at,  # when this worker began serving the model
         }
 
     async def prepare(self, body: GenerateBody) -> EngineRequest:

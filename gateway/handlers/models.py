@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 from aiohttp import web
 
 from adapters.base import ModelInfo
 from gateway.app_keys import CATALOG
 from gateway.errors import model_not_found
 
-_STARTED = int(time.time())
-
 
 def _model_object(info: ModelInfo) -> dict:
-    body = {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by}
+    body = {"id": info.id, "object": "model", "created": info.created, "owned_by": info.owned_by}
     if info.max_model_len:
         body["max_model_len"] = info.max_model_len
     return body

@@ -29,7 +29,7 @@ _DEADLINES = {
     "deadline:queue": "waiting for the model (--queue-timeout)",
     "deadline:ttft": "to the first token (--ttft-timeout)",
     "deadline:inter_token": "between tokens (--inter-token-timeout)",
-    "deadline:total": "for the whole request (--request-timeout)",
+    "deadline:total": "for the whole request (--total-timeout)",
 }
 
 

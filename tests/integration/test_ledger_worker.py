@@ -108,7 +108,7 @@ async def test_the_ledger_bills_what_the_worker_generated(aiohttp_client, tiny_m
             gateway_app(
                 adapters=[WorkerAdapter(worker.url)],
                 usage_file=str(usage_file),
-                request_timeout=0.2,
+                total_timeout=0.2,
             )
         )
         ids: dict[str, str] = {}

@@ -95,7 +95,7 @@ async def test_a_run_stuck_behind_another_times_out_before_admission(
     ("settings", "cause"),
     [
         ({"inter_token_timeout": 0.001}, "deadline:inter_token"),
-        ({"request_timeout": 0.3}, "deadline:total"),
+        ({"total_timeout": 0.3}, "deadline:total"),
     ],
 )
 async def test_a_streaming_run_past_its_deadline_ends_with_a_timeout_frame(

@@ -32,15 +32,8 @@ max_tokens = 4096          # cap on max_tokens / max_completion_tokens
 budget_tokens = 10000000   # tokens per budget period
 budget_period = "30d"
 models = ["*"]             # allowed model names (globs)
-safety = "default"         # a [safety.NAME] policy, or absent for none
 queue_timeout = 30         # seconds; also ttft_timeout, inter_token_timeout, total_timeout
 keys = ["{HASH_A}"]      # hashes only; written by `sluice keys create`
-
-[safety.default]
-mode = "chars"             # or "sentence"
-window_chars = 32          # text held back behind the generation front
-block_terms = ["..."]      # case-insensitive terms/regexes: a hit stops the run (content_filter)
-redact = ["email", "card", "secret"]   # built-in detectors: spans become "[REDACTED]"
 
 [jwt]                      # optional
 issuer = "https://issuer.example"
@@ -77,11 +70,9 @@ def test_the_design_example_loads(tmp_path):
         budget_period=30 * 86400.0,
     )
     assert acme.models == ("*",)
-    assert acme.safety == "default"
     assert acme.deadlines == {"queue_timeout": 30.0}
     assert acme.keys == (KeyEntry(HASH_A),)
     assert acme.keys[0].id == key_id(HASH_A)
-    assert config.safety["default"]["window_chars"] == 32
     jwt = config.jwt
     assert jwt is not None
     assert (jwt.algorithms, jwt.issuer, jwt.audience) == (
@@ -92,6 +83,11 @@ def test_the_design_example_loads(tmp_path):
     assert jwt.jwks_file == str(tmp_path / "jwks.json")  # beside the tenants file, not the cwd
     assert (jwt.tenant_claim, jwt.leeway) == ("tenant", 30.0)
     assert config.path == str(tmp_path / "tenants.toml")
+
+
+def test_safety_policies_are_refused_until_the_window_exists(tmp_path):
+    error = load_error(tmp_path, '[safety.default]\nmode = "chars"\n')
+    assert "safety" in str(error) and "not available in this version" in str(error)
 
 
 def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path):
@@ -116,7 +112,7 @@ def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path)
         ('budget_tokens = 1000\nbudget_period = "0s"', "budget_period", "positive"),
         ('models = "gpt-*"', "models", "list of non-empty strings"),
         ("models = [1]", "models", "list of non-empty strings"),
-        ('safety = "strict"', "safety", "no [safety.strict] table"),
+        ('safety = "strict"', "safety", "not available in this version"),
         ("queue_timeout = -1", "queue_timeout", "at least 0"),
         ('ttft_timeout = "soon"', "ttft_timeout", "duration"),
         (f'keys = "{HASH_A}"', "keys", "list of key hashes"),
