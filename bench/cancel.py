@@ -80,7 +80,7 @@ def parse_args() -> Args:
 def model_path(name: str) -> str:
     if name != "tiny":
         return name
-    from workers.tiny_model import build_tiny_model
+    from testkit.tiny_model import build_tiny_model
 
     return str(build_tiny_model(Path(tempfile.mkdtemp(prefix="sluice-tiny-"))))
 

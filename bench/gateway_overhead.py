@@ -150,7 +150,7 @@ class Bench:
         ports = {name: free_port() for name in ("direct", *RELAYS)}
         upstream_url = f"http://127.0.0.1:{ports['direct']}/v1"
         upstream = procs.spawn(
-            "upstream", ["-m", "tests.support.scripted_upstream", "--port", str(ports["direct"])]
+            "upstream", ["-m", "testkit.scripted_upstream", "--port", str(ports["direct"])]
         )
         serve = ["-m", "gateway.cli", "serve", "--api-key", API_KEY]
         commands = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib.util
 import signal
 import socket
 import sys
@@ -74,6 +75,11 @@ class LocalWorker:
     async def start(self, ready_within: float) -> None:
         """Start the process (again, after it exited) and wait until it serves; RuntimeError if
         it exits first or is not ready in time (it is stopped then)."""
+        if importlib.util.find_spec("torch") is None:
+            raise RuntimeError(
+                "a local worker needs the worker extra (pip install 'sluicegate[worker]'); "
+                "or point the gateway at workers or upstreams with --worker-url / --upstream"
+            )
         log.info("starting worker", model=self.model, port=self.port)
         self._proc = await asyncio.create_subprocess_exec(
             *self.command(), preexec_fn=_die_with_parent

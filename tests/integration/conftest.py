@@ -16,7 +16,7 @@ from tests.support.processes import stop, wait_ready
 def scripted_upstream() -> Iterator[str]:
     """The scripted OpenAI-compatible upstream as its own process; its base URL (`…/v1`)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "tests.support.scripted_upstream", "--port", str(port)]
+    cmd = [sys.executable, "-m", "testkit.scripted_upstream", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_ready(proc, f"http://127.0.0.1:{port}/v1/models")
     yield f"http://127.0.0.1:{port}/v1"

@@ -8,8 +8,8 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.scripted_upstream import UpstreamState, make_app, sse
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
-from tests.support.scripted_upstream import UpstreamState, make_app, sse
 
 SECRET = "upstream-internal-detail-7f3a"
 

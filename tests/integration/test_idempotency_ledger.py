@@ -16,11 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from adapters.events import Aborted, ErrorEvent, Finish, TextDelta, Usage
-from adapters.scripted import ScriptedAdapter
 from gateway.app import create_app
 from gateway.ledger import JsonlLedger, RedisLedger, UsageRecord
 from gateway.settings import Settings
 from policies.tenants import create_key
+from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, sse_events, stream_text
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -22,13 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest
-from adapters.scripted import ScriptedAdapter
 from adapters.worker_client import WorkerAdapter
 from gateway.app_keys import AUTH, RUNS, SETTINGS
 from gateway.credentials import tenants_config
 from policies.auth import hash_key, key_id
 from policies.quotas import estimate_prompt_tokens
 from policies.tenants import create_key, list_keys, revoke_key
+from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, gateway_app, sse_events
 from tests.support.worker_process import Worker, running_worker
 

@@ -18,9 +18,9 @@ from adapters.events import Aborted, Admitted, Event, Finish, TextDelta, Usage
 from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
 from adapters.requests import ChatRequest, Message
-from adapters.scripted import ScriptedAdapter, Step, text_script
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from adapters.worker_client import WorkerAdapter
+from testkit.scripted_adapter import ScriptedAdapter, Step, text_script
 from workers.config import WorkerConfig
 from workers.model_loader import load_model
 from workers.server import create_worker_app

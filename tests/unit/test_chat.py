@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from testkit.tiny_model import build_tiny_tokenizer
 from workers.chat import ChatTemplateError, render_prompt
-from workers.tiny_model import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.tiny_model import IM_END, IM_START, build_tiny_tokenizer
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.request import RequestStatus, SequenceState
 from workers.sampling_params import SamplingParams
 from workers.stop import StopContext, StopStringHoldback, check_stop
-from workers.tiny_model import IM_END, IM_START, build_tiny_tokenizer
 
 # [e4 bd] [a0] = 你, [e5] [a5 bd] = 好, then E N D; id 7 is a special token (no text).
 SPLIT_BYTES = [b"\xe4\xbd", b"\xa0", b"\xe5", b"\xa5\xbd", b"E", b"N", b"D", b""]

@@ -8,7 +8,7 @@ import pytest
 
 from adapters.base import BackendFailed, BackendUnavailable
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
-from adapters.scripted import ScriptedAdapter, text_script
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
 
 

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from adapters.events import TextDelta
-from adapters.scripted import ScriptedAdapter, text_script
 from gateway.app_keys import RUNS
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_events, stream_text
 
 PIECES = [f"{i}:é " for i in range(40)]

@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.events import TextDelta
-from adapters.scripted import ScriptedAdapter, text_script
 from policies.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stream_text
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

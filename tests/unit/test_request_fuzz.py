@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.requests import ChatRequest
-from adapters.scripted import ScriptedAdapter, text_script
 from adapters.worker_client import WorkerAdapter
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, gateway_app
 
 # Every field of the request schema, as a path into the body ("*" is the first list item).

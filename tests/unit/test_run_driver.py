@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import BackendFailed, BackendRejected
 from adapters.events import Admitted, ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest, Message
-from adapters.scripted import ScriptedAdapter, text_script
 from gateway.errors import terminal_error
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
@@ -22,6 +21,7 @@ from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import RunRecord
 from gateway.runs.store_memory import MemoryRunStore
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 
 async def make_driver(script, deadlines=None, *, abortable=True, confirm_timeout=5.0, **chat):

@@ -6,12 +6,12 @@ import orjson
 import pytest
 
 from adapters.requests import ChatRequest, Message
-from adapters.scripted import ScriptedAdapter, text_script
 from gateway.runs.manager import RunManager, new_run_id
 from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import ResumeWindowExpired
 from gateway.runs.store_memory import MemoryRunStore
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 PIECES = [f"{i}:你好 " for i in range(30)]
 

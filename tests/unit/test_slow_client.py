@@ -19,7 +19,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
-from adapters.scripted import ScriptedAdapter
 from adapters.to_openai import ChunkRenderer
 from gateway.app_keys import RUNS
 from gateway.backpressure import COALESCE_AT, coalesce
@@ -27,6 +26,7 @@ from gateway.runs.endings import ending
 from gateway.runs.status import RunStatus
 from gateway.runs.store import Chunk, ResumeWindowExpired
 from gateway.sse import SlowClient, SSEWriter
+from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import (
     API_KEY,
     AUTH,

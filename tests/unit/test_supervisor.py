@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-from adapters.scripted import ScriptedAdapter, text_script
 from gateway.backend_health import BackendHealth
 from gateway.supervisor import (
     CRASH_LOOP_EXITS,
@@ -14,6 +13,7 @@ from gateway.supervisor import (
     RestartPolicy,
     exit_reason,
 )
+from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 
 class Clock:

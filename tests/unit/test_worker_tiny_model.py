@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from testkit.tiny_model import END_OF_TEXT, IM_END, IM_START, build_tiny_model
 from workers.model_loader import load_model
-from workers.tiny_model import END_OF_TEXT, IM_END, IM_START, build_tiny_model
 
 
 def test_same_files_every_build(tmp_path: Path, tiny_model_dir: Path) -> None:

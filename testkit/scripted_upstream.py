@@ -7,7 +7,7 @@ script for a model: a list of byte strings to write and float delays, so chunk b
 inside words and UTF-8 code points. Every request is recorded, with whether the client hung up
 before the end.
 
-Run standalone: `python -m tests.support.scripted_upstream --port 9001 --delay-ms 20`.
+Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`.
 """
 
 from __future__ import annotations
