@@ -74,7 +74,7 @@ class RunLife:
 
     async def open(self) -> Opened:
         """Claim, reserve, start; or find what a repeat of this request answers from."""
-        opening = asyncio.ensure_future(self._open())
+        opening = asyncio.create_task(self._open(), name=f"open {self.spec.run_id}")
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:

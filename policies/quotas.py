@@ -225,7 +225,7 @@ class MemoryQuotaStore:
     check-and-reserve, so plain Python is atomic here. Idle tenants' state is dropped."""
 
     def __init__(self, clock: Callable[[], float] = time.time, *, live_ttl: float = LIVE_TTL):
-        self._clock = clock
+        self.clock = clock
         self._live_ttl = micros(live_ttl)
         self._tenants: dict[str, _Tenant] = {}
 
@@ -259,7 +259,7 @@ class MemoryQuotaStore:
         state = self._tenants.get(admission.tenant)
         if state is None:
             return
-        now = micros(self._clock())
+        now = micros(self.clock())
         run, used = admission.run_id, max(0, used_tokens)
         expiry = state.live.pop(run, None)
         pending = state.pending.pop(run, None)
@@ -279,14 +279,14 @@ class MemoryQuotaStore:
     async def headers(self, tenant: str, limits: QuotaLimits) -> dict[str, str]:
         state = self._tenants.get(tenant)
         if state is None:
-            return rate_headers(limits, Snapshot(micros(self._clock())))
+            return rate_headers(limits, Snapshot(micros(self.clock())))
         snap = self._snapshot(state, limits)
         self._forget_if_idle(tenant, state, snap.now_us)
         return rate_headers(limits, snap)
 
     def _snapshot(self, state: _Tenant, limits: QuotaLimits) -> Snapshot:
         """Drops what left the window and expired slots, then reads the tenant's usage."""
-        now = micros(self._clock())
+        now = micros(self.clock())
         cutoff = now - micros(WINDOW)
         while state.window and state.window[0][0] <= cutoff:
             _, gone = state.window.popleft()

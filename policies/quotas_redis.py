@@ -182,7 +182,7 @@ class RedisQuotaStore:
     ) -> None:
         self.redis = redis
         self.prefix = prefix
-        self._clock = clock
+        self.clock = clock
         self._live_ttl = micros(live_ttl)
         self._admit = redis.register_script(_ADMIT)
         self._release = redis.register_script(_RELEASE)
@@ -209,7 +209,7 @@ class RedisQuotaStore:
         )
 
     async def release(self, admission: Admission, used_tokens: int) -> None:
-        now = micros(self._clock())
+        now = micros(self.clock())
         period = budget_period(now, admission.limits)
         args = [admission.run_id, max(0, used_tokens), now, period[1] if period else -1]
         await self._release(keys=self._keys(admission.tenant, period), args=args)
@@ -221,7 +221,7 @@ class RedisQuotaStore:
     async def _run(
         self, tenant: str, limits: QuotaLimits, mode: str, request: QuotaRequest | None
     ) -> tuple[Snapshot, int]:
-        now = micros(self._clock())
+        now = micros(self.clock())
         window = micros(WINDOW)
         period = budget_period(now, limits)
         budget_ms = 1 + ((period[1] + 1) * period[0] - now) // 1000 if period else 0

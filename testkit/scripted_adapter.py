@@ -43,14 +43,19 @@ class _LiveStream:
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     abort_at: float | None = None
+    sleeping: bool = False
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake as soon as an abort is asked."""
         if seconds <= 0 or self.abort_at is not None:
             await asyncio.sleep(0)
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), seconds)
+        self.sleeping = True
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), seconds)
+        finally:
+            self.sleeping = False
 
 
 class ScriptedAdapter:
@@ -109,6 +114,11 @@ class ScriptedAdapter:
         finally:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
+
+    def sleeping(self, request_id: str) -> bool:
+        """Whether the request's stream is in one of its script's pauses now."""
+        live = self._live.get(request_id)
+        return live is not None and live.sleeping
 
     async def abort(self, request_id: str) -> bool:
         """Stop a live stream at its next step; False when not abortable or not streaming."""

@@ -11,6 +11,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.e2e.conftest import DISCONNECT_GRACE, E2E_KEY
+from tests.support.waiting import until_sync
 
 PROMPT = [{"role": "user", "content": "Tell me a story about 你好 and café."}]
 
@@ -206,18 +207,18 @@ def test_client_going_away_cancels_the_run_after_the_grace_window(client, model,
     run_id = [next(chunks) for _ in range(4)][-1].id
     stream.close()
     gone_at = time.monotonic()
-    deadline = gone_at + 15
-    while time.monotonic() < deadline:
+
+    def ended():
         run = client.chat.completions.retrieve(run_id)
-        if run.status != "in_progress":
-            break
-        time.sleep(0.05)
+        return run if run.status != "in_progress" else None
+
+    run = until_sync(ended, "the run to end", within=15)
     assert run.status == "cancelled"
     assert time.monotonic() - gone_at >= DISCONNECT_GRACE * 0.9  # it waited for a resume
-    stats = httpx.get(f"{served.worker_url()}/v1/stats").json()
-    deadline = time.monotonic() + 10
-    while (stats["running"] or stats["waiting"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
+
+    def idle() -> dict | None:
         stats = httpx.get(f"{served.worker_url()}/v1/stats").json()
-    assert stats["running"] == 0 and stats["waiting"] == 0
+        return None if stats["running"] or stats["waiting"] else stats
+
+    stats = until_sync(idle, "the worker to go idle")
     assert stats["kv_blocks_used"] == 0

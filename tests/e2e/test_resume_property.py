@@ -10,7 +10,6 @@ each, and a failure names the run's seed and every drop and resume point (see `C
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import E2E_KEY
 from tests.support.processes import resume_request
+from tests.support.waiting import until_sync
 
 PROMPT = [{"role": "user", "content": "Tell me a story about 你好 and café."}]
 AUTH = {"Authorization": f"Bearer {E2E_KEY}"}
@@ -237,12 +237,12 @@ def test_random_drops_and_resumes_always_rebuild_the_reference(gateway):
     assert drops == DROPS
     assert runs < DROPS  # several drops of one run happened in a row
     assert len(gateway.references) > len(SEEDS)  # distinct references were exercised
+
     # every drop was followed by one resume (counted once its handler saw the client go)
-    deadline = time.monotonic() + 5
-    while True:
-        grew = {k: v - before.get(k, 0) for k, v in resumes_by_outcome(gateway).items()}
-        if sum(grew.values()) >= DROPS or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    def grown() -> dict[str, float]:
+        return {k: v - before.get(k, 0) for k, v in resumes_by_outcome(gateway).items()}
+
+    until_sync(lambda: sum(grown().values()) >= DROPS, "every resume to be counted", within=5)
+    grew = grown()
     assert sum(grew.values()) == DROPS, grew
     assert grew["live"] > 0 and grew["replayed"] > 0, grew  # live runs and ended ones

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from openai import OpenAI
 
 from gateway.local_worker import free_port
 from tests.support.processes import stop, wait_ready
+from tests.support.waiting import until_sync
 from tests.support.worker_process import REPO
 
 TENANTS = """\
@@ -146,24 +146,25 @@ def test_limits_replays_usage_and_revocation(served, model):
     assert limited.value.code == "rate_limit_exceeded"
     assert int(limited.value.response.headers["retry-after"]) >= 1
 
-    for _ in range(50):  # a run's record is written as it settles, just after its answer
+    def settled() -> dict | None:  # a run's record is written as it settles, after its answer
         rows = usage_rows(served.usage_file)
-        if rows.get("acme", {}).get("runs") == "3":
-            break
-        time.sleep(0.1)
+        return rows if rows.get("acme", {}).get("runs") == "3" else None
+
+    rows = until_sync(settled, "three usage records")
     assert rows["acme"]["runs"] == rows["acme"]["completed"] == "3"
     assert rows["acme"]["model"] == model
     assert "globex" not in rows  # refused before any run
 
     sluice("keys", "revoke", served.acme.id, "--tenants", str(served.tenants))
-    deadline = time.monotonic() + 6  # the server polls the file every 2 s
-    while True:
+
+    def refused() -> bool:
         try:
             acme.models.list()
         except openai.AuthenticationError:
-            break
-        assert time.monotonic() < deadline, "the revoked key still works"
-        time.sleep(0.2)
+            return True
+        return False
+
+    until_sync(refused, "the revoked key to stop working", within=6)  # the file is polled: 2 s
     with pytest.raises(openai.AuthenticationError) as denied:
         ask(acme, model)
     assert denied.value.status_code == 401

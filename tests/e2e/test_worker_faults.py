@@ -10,10 +10,10 @@ import socket
 import time
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.serve import Served, serving
+from tests.support.waiting import until_sync
 
 PING = 1.0
 TOKEN = re.compile(rb'"delta":\{"content":"[^"]')  # a chunk with text (the role chunk has none)
@@ -30,13 +30,7 @@ def metric(gateway: Served, name: str, **labels: str) -> float:
 
 
 def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
+    return until_sync(check, what, within=timeout)
 
 
 def ready(gateway: Served) -> bool:

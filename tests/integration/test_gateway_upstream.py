@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.scripted_upstream import UpstreamState, make_app, sse
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
+from tests.support.waiting import until
 
 SECRET = "upstream-internal-detail-7f3a"
 
@@ -170,11 +169,7 @@ async def test_client_disconnect_closes_the_upstream_stream(gateway, upstream):
     resp = await post(gateway, stream=True, max_tokens=200, metadata={"delay_ms": "20"})
     await resp.content.readuntil(b"tok2 ")
     resp.close()  # the client goes away mid-stream
-    for _ in range(100):
-        if state.records[-1].hung_up_at is not None:
-            break
-        await asyncio.sleep(0.02)
-    assert state.records[-1].hung_up_at is not None
+    await until(lambda: state.records[-1].hung_up_at is not None, "the upstream to see it")
     assert not state.records[-1].finished
 
 

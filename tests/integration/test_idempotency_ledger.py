@@ -17,11 +17,13 @@ from redis.asyncio import Redis
 
 from adapters.events import Aborted, ErrorEvent, Finish, TextDelta, Usage
 from gateway.app import create_app
+from gateway.app_keys import RUNS
 from gateway.ledger import JsonlLedger, RedisLedger, UsageRecord
 from gateway.settings import Settings
 from policies.tenants import create_key
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, sse_events, stream_text
+from tests.support.waiting import until
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PIECES = [f"{i}:é " for i in range(12)]
@@ -109,8 +111,8 @@ def keyed(headers: dict, key: str) -> dict:
 
 async def ledger_records(store_settings, tmp_path, count: int) -> list[UsageRecord]:
     """The ledger once it holds `count` records (settlement follows the run's end)."""
-    records: list[UsageRecord] = []
-    for _ in range(150):
+
+    async def enough() -> list[UsageRecord] | None:
         if store_settings:
             redis = Redis.from_url(REDIS_URL)
             try:
@@ -120,10 +122,9 @@ async def ledger_records(store_settings, tmp_path, count: int) -> list[UsageReco
                 await redis.aclose()
         else:
             records = [r async for r in JsonlLedger(tmp_path / "usage.jsonl").read()]
-        if len(records) >= count:
-            return records
-        await asyncio.sleep(0.02)
-    return records
+        return records if len(records) >= count else None
+
+    return await until(enough, f"{count} usage records")
 
 
 async def replays_metric(client) -> float:
@@ -320,7 +321,8 @@ async def test_one_ledger_record_per_run_however_it_ends(
     assert "error" in failed[-2].json()
 
     records = await ledger_records(store_settings, tmp_path, 4)
-    await asyncio.sleep(0.1)  # nothing more comes: the replay adds no record
+    # every run has settled, so nothing more can come: the replay added no record
+    await until(lambda: not client.app[RUNS].drivers, "every run to settle")
     records = await ledger_records(store_settings, tmp_path, 4)
     assert sorted(r.run_id for r in records) == sorted(ids.values())
     by_status = {r.status: r for r in records}

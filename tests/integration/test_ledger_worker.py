@@ -4,7 +4,6 @@ generated, tail included, and its prompt is the worker's own count."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from adapters.worker_client import WorkerAdapter
 from gateway.ledger import JsonlLedger, UsageRecord
 from gateway.protocol import parse_chat_request
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events
+from tests.support.waiting import until
 from tests.support.worker_process import Worker, running_worker
 
 CHAT = "/v1/chat/completions"
@@ -57,26 +57,23 @@ async def prompt_tokens(worker: Worker, model: str, text: str) -> int:
 
 
 async def worker_idle(worker: Worker) -> None:
-    for _ in range(200):
+    async def idle() -> bool:
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{worker.url}/v1/stats") as resp,
         ):
             stats = await resp.json()
-        if (stats["running"], stats["waiting"]) == (0, 0):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the worker is still busy: {stats}")
+        return (stats["running"], stats["waiting"]) == (0, 0)
+
+    await until(idle, "the worker to go idle")
 
 
 async def ledger_records(path: Path, count: int) -> list[UsageRecord]:
-    records: list[UsageRecord] = []
-    for _ in range(200):
+    async def enough() -> list[UsageRecord] | None:
         records = [r async for r in JsonlLedger(path).read()]
-        if len(records) >= count:
-            break
-        await asyncio.sleep(0.05)
-    return records
+        return records if len(records) >= count else None
+
+    return await until(enough, f"{count} usage records")
 
 
 def _messages(text: str) -> list[dict]:

@@ -3,7 +3,6 @@ its queue): each fires with its own cause, the worker stops, and nothing is left
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from adapters.worker_client import WorkerAdapter
 from gateway.app_keys import RUNS
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events
+from tests.support.waiting import until
 from tests.support.worker_process import Worker, running_worker
 
 
@@ -36,12 +36,12 @@ async def _json(url: str) -> dict:
 
 async def assert_worker_idle(worker: Worker) -> None:
     """Nothing running or waiting and every KV block back, within a generous bound."""
-    for _ in range(200):
+
+    async def idle() -> bool:
         stats = await _json(f"{worker.url}/v1/stats")
-        if (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the worker still holds work: {stats}")
+        return (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
+
+    await until(idle, "the worker to hold nothing")
 
 
 settings_flag = {"deadline:queue": "--queue-timeout", "deadline:ttft": "--ttft-timeout"}
@@ -58,11 +58,11 @@ async def cause_of(client, run_id: str) -> str:
 async def deadline_metric(client, deadline: str) -> bool:
     """Counted once the run is settled (after the worker confirmed its stop)."""
     line = f'sluice_deadlines_exceeded_total{{deadline="{deadline}"}} 1.0'
-    for _ in range(100):
-        if line in await (await client.get("/metrics")).text():
-            return True
-        await asyncio.sleep(0.05)
-    return False
+
+    async def counted() -> bool:
+        return line in await (await client.get("/metrics")).text()
+
+    return await until(counted, f"the {deadline} deadline to be counted")
 
 
 @pytest.mark.parametrize(

@@ -23,13 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest
 from adapters.worker_client import WorkerAdapter
-from gateway.app_keys import AUTH, RUNS, SETTINGS
+from gateway.app_keys import AUTH, QUOTAS, RUNS, SETTINGS
 from gateway.credentials import tenants_config
 from policies.auth import hash_key, key_id
 from policies.quotas import estimate_prompt_tokens
 from policies.tenants import create_key, list_keys, revoke_key
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, gateway_app, sse_events
+from tests.support.waiting import until
 from tests.support.worker_process import Worker, running_worker
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -126,7 +127,7 @@ async def admitted_soon(client, headers, seconds: float = 3.0, **body) -> aiohtt
         if resp.status != 429 or time.monotonic() > deadline:
             return resp
         resp.release()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # NOTE: polling the capacity coming back, within `seconds`
 
 
 def assert_rate_limited(resp: aiohttp.ClientResponse, error: dict, limit: str) -> None:
@@ -160,7 +161,7 @@ async def test_max_concurrent_caps_what_the_worker_holds(
                 stats = await _worker_stats(worker, session)
                 peak = max(peak, stats["running"] + stats["waiting"])
                 polls += 1
-                await asyncio.sleep(0.003)
+                await asyncio.sleep(0.003)  # NOTE: sampling the worker while requests run
 
         async def one() -> tuple[int, Mapping[str, str], dict | list]:
             body = chat_body(model, stream=True, max_tokens=200, temperature=0)
@@ -170,7 +171,7 @@ async def test_max_concurrent_caps_what_the_worker_holds(
             return resp.status, resp.headers, await error_of(resp)
 
         watcher = asyncio.create_task(watch())
-        await asyncio.sleep(0.05)
+        await until(lambda: polls > 0, "the watcher's first look")
         answers = await asyncio.gather(*(one() for _ in range(50)))
         stop.set()
         await watcher
@@ -194,12 +195,12 @@ async def test_max_concurrent_caps_what_the_worker_holds(
             assert (error["type"], error["code"]) == ("concurrency", "rate_limit_exceeded")
             assert headers["retry-after"] == "1"
         assert (await rejections(client)) == {"concurrency": len(refused)}
-        for _ in range(200):
+
+        async def idle() -> bool:
             stats = await _worker_stats(worker, session)
-            if (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0):
-                break
-            await asyncio.sleep(0.05)
-        assert (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
+            return (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
+
+        await until(idle, "the worker to hold nothing")
 
 
 # -- 2. rpm and tpm, exact across replicas ---------------------------------------------------------
@@ -368,9 +369,8 @@ async def test_a_spent_budget_is_insufficient_quota_until_the_period_ends(
     )
     adapter = ScriptedAdapter("scripted", exact_script)
     client = await gateway(aiohttp_client, store_settings, path, [adapter])
-    left = period - time.time() % period
-    if left < 1.0:  # periods are aligned to the epoch: start early in one
-        await asyncio.sleep(left + 0.05)
+    now = [(time.time() // period + 1) * period + 0.1]  # early in a period (epoch-aligned)
+    client.app[QUOTAS].clock = lambda: now[0]  # the quotas' clock, driven by the test
     first = await post(client, auth, max_tokens=max_tokens)
     assert first.status == 200
     spent = await post(client, auth, max_tokens=max_tokens)
@@ -378,11 +378,11 @@ async def test_a_spent_budget_is_insufficient_quota_until_the_period_ends(
     error = await error_of(spent)
     assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota")
     assert "budget" in error["message"]
-    reset = period - time.time() % period
+    reset = period - now[0] % period
     assert 1 <= int(spent.headers["retry-after"]) <= math.ceil(reset) + 1
     assert int(spent.headers["retry-after"]) <= period
     assert await rejections(client) == {"budget": 1}
-    await asyncio.sleep(reset + 0.05)  # the next period
+    now[0] += reset + 0.05  # the next period
     renewed = await post(client, auth, max_tokens=max_tokens)
     assert renewed.status == 200
 
@@ -488,7 +488,7 @@ async def test_clients_gone_mid_admission_strand_no_slot(aiohttp_client, store_s
 
     async def hang_up(delay: float) -> None:
         request = asyncio.ensure_future(post(client, auth))
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # NOTE: the scenario: hanging up at a random moment
         request.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             (await request).release()
@@ -496,11 +496,11 @@ async def test_clients_gone_mid_admission_strand_no_slot(aiohttp_client, store_s
     for _ in range(10):
         await asyncio.gather(*(hang_up(rng.uniform(0, 0.03)) for _ in range(slots)))
     runs = client.app[RUNS]
-    for _ in range(300):
-        if not runs.drivers:
-            break
-        await asyncio.sleep(0.01)
-    assert not runs.drivers
-    await asyncio.sleep(0.1)  # handlers cancelled after their run ended have nothing left
+
+    def settled() -> bool:  # no run left, and no opening still in flight to start one
+        openings = [t for t in asyncio.all_tasks() if t.get_name().startswith("open ")]
+        return not runs.drivers and not openings
+
+    await until(settled, "every abandoned run to settle")
     held = await asyncio.gather(*(post(client, auth, user="hold") for _ in range(slots)))
     assert [r.status for r in held] == [200] * slots

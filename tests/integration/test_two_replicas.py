@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
 from tests.support.processes import resume_request, stop, wait_ready
+from tests.support.waiting import until_sync
 
 API_KEY = "sk-sluice-replicas"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -168,12 +169,11 @@ def resume(replica: Replica, run_id: str, after: int, *, header: bool = False):
 
 
 def worker_idle(worker: str, within: float = 10.0) -> dict:
-    deadline = time.monotonic() + within
-    while True:
+    def idle() -> dict | None:
         stats = httpx.get(f"{worker}/v1/stats", timeout=5).json()
-        if (stats["running"] == 0 and stats["waiting"] == 0) or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.05)
+        return stats if stats["running"] == 0 and stats["waiting"] == 0 else None
+
+    return until_sync(idle, "the worker to go idle", within=within)
 
 
 def metric(replica: Replica, name: str, **labels: str) -> float:

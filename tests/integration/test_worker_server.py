@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.metric_names import WORKER_METRICS
+from tests.support.waiting import until
 from tests.support.worker_process import Worker, running_worker
 
 HI = [{"role": "user", "content": "Hi"}]
@@ -51,12 +51,16 @@ async def generated_tokens(session: aiohttp.ClientSession, worker: Worker) -> fl
     return families["sluice_worker_generated_tokens"].samples[0].value
 
 
+async def stats_now(session: aiohttp.ClientSession, worker: Worker, field: str, value) -> bool:
+    return (await stats(session, worker))[field] == value
+
+
 async def wait_idle(session: aiohttp.ClientSession, worker: Worker) -> dict:
-    deadline = time.monotonic() + 5
-    while (current := await stats(session, worker))["running"] or current["waiting"]:
-        assert time.monotonic() < deadline, current
-        await asyncio.sleep(0.02)
-    return current
+    async def idle() -> dict | None:
+        current = await stats(session, worker)
+        return None if current["running"] or current["waiting"] else current
+
+    return await until(idle, "the worker to go idle")
 
 
 def log_events(worker: Worker) -> list[dict]:
@@ -135,8 +139,10 @@ async def test_closing_a_waiting_request_aborts_it_before_it_runs(worker: Worker
             second = await session.post(url, json=body("w2", max_tokens=1000))
             assert orjson.loads(await second.content.readline())["type"] == "start"
             assert (await stats(session, worker))["waiting"] == 1  # queued: no `admitted` yet
-            second.close()
-            await asyncio.sleep(0.2)
+            second.close()  # the worker notices at once and drops it from its queue
+            await until(
+                lambda: stats_now(session, worker, "waiting", 0), "the queued request to go"
+            )
             async with session.post(worker.url + "/v1/abort", json={"request_id": "w1"}):
                 pass
             lines = [orjson.loads(line) async for line in first.content]

@@ -21,7 +21,7 @@ def wait_ready(proc: subprocess.Popen, ready_url: str, timeout: float = 120.0) -
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
+        time.sleep(0.1)  # NOTE: polling another process's start, with a deadline
     stop(proc)
     pytest.fail(f"{proc.args} did not become ready at {ready_url}")
 

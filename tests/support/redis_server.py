@@ -32,7 +32,7 @@ class PrivateRedis:
         deadline = time.monotonic() + 10
         while not self.answers():
             assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
+            time.sleep(0.02)  # NOTE: polling another process's start, with a deadline
 
     def answers(self) -> bool:
         try:

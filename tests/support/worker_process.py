@@ -41,7 +41,7 @@ def wait_healthy(worker: Worker, timeout: float = 60.0) -> None:
                     return
         except (urllib.error.URLError, ConnectionError):
             pass
-        time.sleep(0.1)
+        time.sleep(0.1)  # NOTE: polling another process's start, with a deadline
     raise AssertionError("the worker never became healthy:\n" + worker.log.read_text())
 
 

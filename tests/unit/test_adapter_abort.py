@@ -21,6 +21,7 @@ from adapters.requests import ChatRequest, Message
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from adapters.worker_client import WorkerAdapter
 from testkit.scripted_adapter import ScriptedAdapter, Step, text_script
+from tests.support.waiting import until
 from workers.config import WorkerConfig
 from workers.model_loader import load_model
 from workers.server import create_worker_app
@@ -54,10 +55,11 @@ def loaded(tiny_model_dir) -> LoadedModel:
 async def worker(aiohttp_client, loaded, tiny_model_dir):
     config = WorkerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32")
     client = await aiohttp_client(create_worker_app(config, loaded=loaded))
-    deadline = time.monotonic() + 10
-    while (await client.get("/health")).status != 200:
-        assert time.monotonic() < deadline, "the worker app never became healthy"
-        await asyncio.sleep(0.01)
+
+    async def healthy() -> bool:
+        return (await client.get("/health")).status == 200
+
+    await until(healthy, "the worker app to become healthy")
     return client
 
 
@@ -135,7 +137,7 @@ async def test_scripted_abort_wakes_a_sleep_and_is_confirmed() -> None:
         batches.append(await anext(stream))
         batches.append(await anext(stream))
         sleeping = asyncio.create_task(anext(stream))
-        await asyncio.sleep(0.05)  # the stream is asleep on its 5 s step now
+        await until(lambda: adapter.sleeping("s-1"), "the stream to sleep on its 5 s step")
         assert not sleeping.done()
         started = time.monotonic()
         assert await adapter.abort("s-1") is True

@@ -10,6 +10,7 @@ from adapters.base import BackendFailed, BackendUnavailable
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
+from tests.support.waiting import until
 
 
 async def make_client(aiohttp_client, script, model="scripted", **settings):
@@ -114,11 +115,12 @@ async def test_disconnect_closes_the_adapter_stream(aiohttp_client):
     resp = await post(client, stream=True)
     await resp.content.readuntil(b"t1 ")
     resp.close()
-    for _ in range(100):
-        await asyncio.sleep(0.02)
+
+    async def noticed() -> str | None:
         metrics = await (await client.get("/metrics")).text()
-        if adapter.aborted and "sluice_disconnects_total 1.0" in metrics:
-            break
+        return metrics if adapter.aborted and "sluice_disconnects_total 1.0" in metrics else None
+
+    metrics = await until(noticed, "the disconnect to reach the adapter")
     (request_id,) = adapter.aborted
     assert adapter.aborted[request_id] is True
     assert "sluice_disconnects_total 1.0" in metrics
@@ -131,10 +133,7 @@ async def test_non_stream_disconnect_closes_the_adapter_stream(aiohttp_client):
     )
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(post(client), 0.1)
-    for _ in range(100):
-        if adapter.aborted:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: adapter.aborted, "the disconnect to reach the adapter")
     (request_id,) = adapter.aborted
     assert adapter.aborted[request_id] is True
 
@@ -163,11 +162,15 @@ async def test_client_gone_before_the_first_token_is_counted_and_aborts(aiohttp_
     )
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(post(client, stream=True), 0.2)
-    for _ in range(100):
+
+    async def counted() -> str | None:
         metrics = await (await client.get("/metrics")).text()
-        if "sluice_cancellations_total{" in metrics and "sluice_disconnects_total 1.0" in metrics:
-            break
-        await asyncio.sleep(0.02)
+        done = (
+            "sluice_cancellations_total{" in metrics and "sluice_disconnects_total 1.0" in metrics
+        )
+        return metrics if done else None
+
+    metrics = await until(counted, "the disconnect to be counted")
     assert list(adapter.aborted.values()) == [True]
     assert "sluice_disconnects_total 1.0" in metrics
     assert 'sluice_runs_finished_total{model="scripted",reason="cancelled"} 1.0' in metrics

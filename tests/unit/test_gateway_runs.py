@@ -13,6 +13,7 @@ from adapters.events import TextDelta
 from gateway.app_keys import RUNS
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_events, stream_text
+from tests.support.waiting import until
 
 PIECES = [f"{i}:é " for i in range(40)]
 OTHER_TENANT = {"Authorization": "Bearer sk-sluice-other-tenant"}
@@ -167,7 +168,7 @@ async def test_a_resume_inside_the_grace_window_keeps_the_run(aiohttp_client, st
     adapter, client = await make_client(aiohttp_client, store_settings, disconnect_grace=5)
     head = await read_events(await start_stream(client), 4)
     run_id = head[0].json()["id"]
-    await asyncio.sleep(0.1)
+    await until(lambda: client.app[RUNS].in_grace(run_id), "the client's leaving to be noticed")
     rest = sse_events(await (await resume(client, run_id, int(head[-1].id))).read())
     assert stream_text(payloads(head) + payloads(rest)) == "".join(PIECES)
     assert adapter.aborted == {run_id: False}
@@ -177,18 +178,20 @@ async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_clie
     adapter, client = await make_client(aiohttp_client, store_settings, disconnect_grace=0.1)
     head = await read_events(await start_stream(client), 4)
     run_id = head[0].json()["id"]
-    for _ in range(200):
+
+    async def ended() -> dict | None:
         body = await (await client.get(f"/v1/chat/completions/{run_id}", headers=AUTH)).json()
-        if body["status"] != "in_progress":
-            break
-        await asyncio.sleep(0.02)
+        return body if body["status"] != "in_progress" else None
+
+    body = await until(ended, "the run to end")
     assert body["status"] == "cancelled"
     assert body["error"]["code"] == "cancelled"
-    for _ in range(100):
+
+    async def counted() -> str | None:
         metrics = await (await client.get("/metrics")).text()
-        if "sluice_cancellations_total{" in metrics:
-            break
-        await asyncio.sleep(0.02)
+        return metrics if "sluice_cancellations_total{" in metrics else None
+
+    metrics = await until(counted, "the cancel to be counted")
     assert 'sluice_cancellations_total{outcome="clean",source="disconnect"} 1.0' in metrics
     assert "sluice_disconnects_total 1.0" in metrics
     assert adapter.aborted == {run_id: True}
@@ -199,8 +202,8 @@ async def test_a_non_stream_request_cancelled_elsewhere_is_a_499(aiohttp_client,
     waiting = asyncio.create_task(
         client.post("/v1/chat/completions", json=chat_body(), headers=AUTH)
     )
-    await asyncio.sleep(0.1)
     runs = client.app[RUNS]
+    await until(lambda: runs.drivers, "the request's run to start")
     (run_id,) = list(runs.drivers)
     await client.post(f"/v1/chat/completions/{run_id}/cancel", headers=AUTH)
     resp = await waiting

@@ -56,7 +56,7 @@ class RedisBackend:
         return RedisIdempotencyStore(self.client, prefix=self.prefix)
 
     async def pass_time(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # NOTE: Redis expires keys on its own clock: real time
 
 
 @contextlib.asynccontextmanager

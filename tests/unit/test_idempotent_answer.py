@@ -3,7 +3,6 @@ remembered with the key: the same object, or a stream rebuilt from it with the s
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 
@@ -11,9 +10,11 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.events import TextDelta
+from gateway.app_keys import RUNS
 from policies.idempotency import MemoryIdempotencyStore, RedisIdempotencyStore
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stream_text
+from tests.support.waiting import until
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PIECES = ["Hé", "llo", " wörld", "!"]
@@ -33,10 +34,21 @@ async def post(client, key: str | None = None, **body):
     return await client.post("/v1/chat/completions", json=chat_body(**body), headers=headers)
 
 
-async def forget_ended_runs(client) -> None:
-    """Outlive the retention; the next run created sweeps the ended ones (Redis expires them)."""
-    await asyncio.sleep(RETENTION * 2)
-    await (await post(client)).read()
+async def settled(client) -> None:
+    """Until every run has settled (its ending is kept with its key by then)."""
+    await until(lambda: not client.app[RUNS].drivers, "the runs to settle")
+
+
+async def forget(client, run_id: str) -> None:
+    """Until the run is no longer kept: past the retention, a new run sweeps the ended ones
+    (Redis expires them by itself)."""
+
+    async def gone() -> bool:
+        await (await post(client)).read()
+        status = (await client.get(f"/v1/chat/completions/{run_id}", headers=AUTH)).status
+        return status == 404
+
+    await until(gone, "the run to be forgotten", within=RETENTION * 50)
 
 
 async def test_a_non_stream_repeat_after_the_run_is_gone_gets_the_same_object(
@@ -45,8 +57,8 @@ async def test_a_non_stream_repeat_after_the_run_is_gone_gets_the_same_object(
     adapter, client = await make_client(aiohttp_client, store_settings, text_script(PIECES))
     first = await post(client, key="k-1")
     original = await first.json()
-    await asyncio.sleep(0.05)  # the ending is remembered when the run settles
-    await forget_ended_runs(client)
+    await settled(client)
+    await forget(client, original["id"])
     calls = len(adapter.requests)
     again = await post(client, key="k-1")
     assert again.status == 200
@@ -61,8 +73,8 @@ async def test_a_stream_repeat_after_the_run_is_gone_carries_the_same_content(
     _, client = await make_client(aiohttp_client, store_settings, text_script(PIECES))
     options = {"stream": True, "stream_options": {"include_usage": True}}
     first = sse_events(await (await post(client, key="k-2", **options)).read())
-    await asyncio.sleep(0.05)
-    await forget_ended_runs(client)
+    await settled(client)
+    await forget(client, first[0].json()["id"])
     resp = await post(client, key="k-2", **options)
     again = sse_events(await resp.read())
     assert resp.headers["idempotent-replayed"] == "true"
@@ -83,8 +95,8 @@ async def test_a_repeat_of_a_cancelled_run_ends_as_it_ended(aiohttp_client, stor
     run_id = sse_events(await resp.content.readuntil(b"\n\n"))[0].json()["id"]
     await client.post(f"/v1/chat/completions/{run_id}/cancel", headers=AUTH)
     await resp.read()
-    await asyncio.sleep(0.1)
-    await forget_ended_runs(client)
+    await settled(client)
+    await forget(client, run_id)
     again = sse_events(await (await post(client, key="k-3", stream=True)).read())
     assert stream_text([e.json() for e in again[:-2]]) == "a"
     assert again[-2].json()["error"]["code"] == "cancelled"

@@ -31,7 +31,7 @@ def fake_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     def convert(src: Path, out: Path) -> None:
         conversions.append(out)
-        time.sleep(0.2)
+        time.sleep(0.2)  # NOTE: a slow conversion, so the others find it under way
         (out / "config.json").write_text("{}")
 
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path / "cache"))

@@ -99,12 +99,12 @@ async def test_exactly_one_terminal_transition(store):
 async def test_followers_wake_on_append_and_on_finish(store):
     run = await new_run(store)
     waiter = asyncio.create_task(store.wait(run, 0))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # NOTE: that it does not return early can only be seen over time
     assert not waiter.done()
     await store.append(run, ev(b"x"))
     await asyncio.wait_for(waiter, 1)
     waiter = asyncio.create_task(store.wait(run, 1))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # NOTE: as above
     assert not waiter.done()
     await store.finish(run, TerminalRecord(RunStatus.FAILED, "worker_error"))
     await asyncio.wait_for(waiter, 1)
@@ -181,7 +181,7 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner(re
         await owner.append(run, ev(b"a"))
         await owner.writes.settle(run)  # in Redis now, as it is a few ms after any append
         waiter = asyncio.create_task(owner.wait(run, 1))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # NOTE: the owner is waiting on its mirror when it happens
         lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
         assert await other.finish(run, lost, Chunk(b"lost-frame"))  # it took the owner for dead
         await owner.append(run, ev(b"late"))  # taken locally; Redis refuses it on the way
@@ -205,7 +205,7 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
             for run in runs:
                 await owner.append(run, ev(b"%d" % n))
             if n % 7 == 0:
-                await asyncio.sleep(0.003)
+                await asyncio.sleep(0.003)  # NOTE: the scenario: appends across write ticks
         for run in runs:
             done = TerminalRecord(RunStatus.COMPLETED, "completed")
             await owner.finish(run, done, Chunk(b"end"))

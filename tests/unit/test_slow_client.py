@@ -36,6 +36,7 @@ from tests.support.gateway import (
     stream_payloads,
     stream_text,
 )
+from tests.support.waiting import until
 
 # 100 distinct pieces of 50 bytes each, cycled: the run's text is easy to rebuild and to check
 PIECES = [f"{i:02d}: café, naïve — the quick brown fox jumps!! " for i in range(100)]
@@ -119,12 +120,12 @@ async def metric_samples(client) -> dict[str, float]:
 
 async def metrics_once(client, name: str) -> dict[str, float]:
     """The metrics, as soon as `name` is non-zero (the handler counts after the client left)."""
-    for _ in range(500):
+
+    async def counted() -> dict[str, float] | None:
         metrics = await metric_samples(client)
-        if metrics.get(name):
-            break
-        await asyncio.sleep(0.01)
-    return metrics
+        return metrics if metrics.get(name) else None
+
+    return await until(counted, f"{name} to be counted")
 
 
 async def test_a_client_that_stops_reading_is_detached_and_the_run_completes(aiohttp_client):
@@ -153,7 +154,7 @@ async def test_a_client_that_stops_reading_is_detached_and_the_run_completes(aio
             with pytest.raises(ResumeWindowExpired):
                 await store.read(run_id, record.last_seq - ring - 1)
             samples += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # NOTE: sampling memory and the log while the run goes on
     assert samples > 10
 
     resp = await client.get(f"/v1/chat/completions/{run_id}", headers=AUTH)
@@ -184,7 +185,7 @@ async def read_slowly_then_all(reader, slow_bytes: int, step: int = 2048, pause:
         piece = await reader.read(step)
         assert piece, "the response ended while the client was still reading slowly"
         raw += piece
-        await asyncio.sleep(pause)
+        await asyncio.sleep(pause)  # NOTE: the scenario: a client that reads slowly
     return raw + await reader.read()
 
 

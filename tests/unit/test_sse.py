@@ -80,7 +80,7 @@ async def test_error_frame_then_done(aiohttp_client):
 async def test_idle_stream_gets_ping_comments(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
         await writer.send([(1, Chunk(b"{}"))])
-        await asyncio.sleep(0.18)
+        await asyncio.sleep(0.18)  # NOTE: the scenario: an idle stretch long enough for pings
         await writer.send([(1, Chunk(b"{}"))])
 
     raw, _ = await read_all(await aiohttp_client(writer_app(script)))

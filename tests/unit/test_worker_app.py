@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import orjson
@@ -10,6 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.metric_names import WORKER_METRICS
+from tests.support.waiting import until
+from workers.app_keys import SERVICE
 from workers.config import WorkerConfig
 from workers.model_loader import load_model
 from workers.server import create_worker_app
@@ -25,10 +26,10 @@ def loaded(tiny_model_dir) -> LoadedModel:
 
 
 async def wait_healthy(client) -> None:
-    deadline = time.monotonic() + 10
-    while (await client.get("/health")).status != 200:
-        assert time.monotonic() < deadline, "the worker app never became healthy"
-        await asyncio.sleep(0.01)
+    async def healthy() -> bool:
+        return (await client.get("/health")).status == 200
+
+    await until(healthy, "the worker app to become healthy")
 
 
 @pytest.fixture
@@ -59,11 +60,11 @@ async def generated_tokens(client) -> float:
 
 
 async def wait_for_idle(client) -> dict:
-    deadline = time.monotonic() + 5
-    while (current := await stats(client))["running"] or current["waiting"]:
-        assert time.monotonic() < deadline, current
-        await asyncio.sleep(0.02)
-    return current
+    async def idle() -> dict | None:
+        current = await stats(client)
+        return None if current["running"] or current["waiting"] else current
+
+    return await until(idle, "the worker to go idle")
 
 
 async def test_health_and_model(client) -> None:
@@ -207,7 +208,7 @@ async def test_two_apps_in_one_process_share_no_state(
 
 async def test_not_ready_answers_503(aiohttp_client, tmp_path) -> None:
     client = await aiohttp_client(create_worker_app(WorkerConfig(model=str(tmp_path / "missing"))))
-    await asyncio.sleep(0.05)
+    await until(lambda: client.app[SERVICE].failed.is_set(), "the load to fail")
     assert (await client.get("/health")).status == 503
     response = await client.post("/v1/generate", json=body())
     assert response.status == 503
