@@ -3,7 +3,7 @@
 A follower reads from the run's log whatever arrived while its last write was blocked on the
 client. When that backlog is long, runs of plain text chunks of one choice become one chunk
 (numbered with the last event's seq, so a resume from it is still exact); role, tool-call,
-finish, usage and error events are never merged or dropped (DESIGN §3). Merging works on the
+finish, usage and error events are never merged or dropped (design §3). Merging works on the
 events' own text (each log entry of a plain text delta carries it), and the merged chunk is
 rendered by the run's renderer: nothing here knows the chunk's shape. Memory stays bounded
 because the follower never holds more than one read of the log, and the log is bounded too.

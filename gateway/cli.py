@@ -1,4 +1,4 @@
-"""The `sluice` command line: `serve`, `worker` (DESIGN §9)."""
+"""The `sluice` command line: `serve`, `worker` (design §9)."""
 
 from __future__ import annotations
 

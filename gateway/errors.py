@@ -114,7 +114,7 @@ _STATUS_FOR_END = {
 
 
 def terminal_error(terminal: TerminalRecord) -> APIError:
-    """The HTTP error for a run that ended without completing (DESIGN §4)."""
+    """The HTTP error for a run that ended without completing (design §4)."""
     error = terminal.error or {}
     code = error.get("code")
     status = _STATUS_FOR_CODE.get(code) or _STATUS_FOR_END.get(terminal.status, 502)

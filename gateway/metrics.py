@@ -1,4 +1,4 @@
-"""Gateway metrics (DESIGN §7), on a registry owned by the app rather than a global one."""
+"""Gateway metrics (design §7), on a registry owned by the app rather than a global one."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class Settings:
 
     @property
     def starts_local_workers(self) -> bool:
-        """DESIGN §9: a local worker unless only remote backends were named."""
+        """design §9: a local worker unless only remote backends were named."""
         return self.model is not None or not (self.worker_url or self.upstream)
 
     def deadlines(self, overrides: dict[str, float] | None = None) -> Deadlines:

@@ -1,4 +1,4 @@
-"""JWT bearer tokens (DESIGN §5): keys and algorithms come from config, never from the token.
+"""JWT bearer tokens (design §5): keys and algorithms come from config, never from the token.
 
 The classic JWT attacks all let the token pick how it is checked (`alg: none`, an RS256 public key
 reused as an HS256 secret). Here the algorithm list is pinned by `[jwt]`, narrowed further to what

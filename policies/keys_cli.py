@@ -1,4 +1,4 @@
-"""`sluice keys create | list | revoke`: manage API keys in the tenants file (DESIGN §5, §9).
+"""`sluice keys create | list | revoke`: manage API keys in the tenants file (design §5, §9).
 
 A new key goes to stdout alone, so `KEY=$(sluice keys create --tenant acme)` captures exactly it;
 everything meant for the operator's eyes goes to stderr. Nothing here ever prints a stored hash.

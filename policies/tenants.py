@@ -1,4 +1,4 @@
-"""Tenants and their limits, read from the tenants TOML file (DESIGN §5).
+"""Tenants and their limits, read from the tenants TOML file (design §5).
 
 Loading is strict on purpose: a misspelt limit that silently meant "unlimited", or a key hash that
 never matches, is worse than a gateway that refuses to start. Key edits (`sluice keys`) go through
@@ -44,7 +44,7 @@ _JWT_FIELDS = (
 _KEY_SOURCES = ("jwks_file", "public_key_file", "hs256_secret_env")
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
 _NEW_FILE_HEADER = (
-    "# sluicegate tenants (see DESIGN §5). `sluice keys create` records keys here as SHA-256\n"
+    "# sluicegate tenants (see design §5). `sluice keys create` records keys here as SHA-256\n"
     "# hashes only; a key itself is shown once, when it is created.\n"
 )
 

@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001  (the corpus is multi-byte on purpose: full-width punctuation, Greek)
 """A tiny random Llama checkpoint for tests and benches, built in about a second.
 
-Why this shape (DESIGN §10): a wide init (`initializer_range` 0.2, untied embeddings) gives varied,
+Why this shape (design §10): a wide init (`initializer_range` 0.2, untied embeddings) gives varied,
 long output; a byte-level BPE trained on multi-byte text makes tokens that split UTF-8 code points,
 which is what the detokenizer, stop-string and equality tests need. EOS's row of the output head
 is zeroed so greedy runs do not end early. It is saved with `save_pretrained`, so it loads through

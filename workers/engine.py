@@ -52,7 +52,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def _log_failure(stage: str, request_id: str, error: Exception) -> None:
-    """Context for the operator, never a stack trace (DESIGN §4)."""
+    """Context for the operator, never a stack trace (design §4)."""
     log.error(
         "request failed",
         stage=stage,

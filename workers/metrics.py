@@ -1,4 +1,4 @@
-"""The worker's Prometheus metrics (DESIGN §7), on a registry owned by one app.
+"""The worker's Prometheus metrics (design §7), on a registry owned by one app.
 
 Gauges and totals are read from the engine's latest stats snapshot at scrape time (a collector),
 so the engine keeps plain counters and never touches prometheus; the two histograms are observed

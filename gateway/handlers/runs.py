@@ -1,4 +1,4 @@
-"""The run endpoints (DESIGN §4): retrieve, resume, cancel — each only for the run's tenant.
+"""The run endpoints (design §4): retrieve, resume, cancel — each only for the run's tenant.
 
 Another tenant's run id gets the same 404 as an unknown one, so ids cannot be probed.
 """

@@ -3,7 +3,7 @@ once into the metrics and one "run end" log line.
 
 Generation-side times (TTFT, gaps between tokens) are taken as events reach the run's log, not
 as a client reads them: a slow or absent client must not bend them. Time blocked on clients is
-measured by the stream writers apart (DESIGN §3). Tail tokens are tokens that reached the
+measured by the stream writers apart (design §3). Tail tokens are tokens that reached the
 gateway after the run's fate was decided and so were never sent: the work a cancel did not save.
 """
 

@@ -1,4 +1,4 @@
-"""A run's deadlines (DESIGN §2): defaults from the settings, tenants may lower them."""
+"""A run's deadlines (design §2): defaults from the settings, tenants may lower them."""
 
 from __future__ import annotations
 

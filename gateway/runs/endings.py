@@ -1,7 +1,7 @@
 """How a run that did not complete ends on the wire: its terminal record and error frame.
 
 One place builds both, so the run driver and a replica marking another's orphaned run failed
-give clients the same answer (DESIGN §2: a cancelled or timed-out stream ends with an error
+give clients the same answer (design §2: a cancelled or timed-out stream ends with an error
 event whose `code` is `cancelled` / `timeout`).
 """
 

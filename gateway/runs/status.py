@@ -1,4 +1,4 @@
-"""The run state machine (DESIGN §2): one terminal state, reached exactly once.
+"""The run state machine (design §2): one terminal state, reached exactly once.
 
 Statuses are ordered so "terminal" is one comparison; one table maps each status to the `status`
 field of the stored object, one to the terminal cause's error code on the wire. Every status is

@@ -17,7 +17,7 @@ from gateway.runs.status import RunStatus
 
 
 class UnknownRun(LookupError):
-    """No such run (or not this tenant's: the same answer, DESIGN §4)."""
+    """No such run (or not this tenant's: the same answer, design §4)."""
 
 
 class ResumeWindowExpired(LookupError):
@@ -35,7 +35,7 @@ class StoreUnavailable(Exception):
 @dataclass(slots=True, frozen=True)
 class Chunk:
     """One event of a run's log as it goes out: its chunk JSON and, for a plain text delta, the
-    text and its choice, so the text of a client that fell behind can be merged (DESIGN §3)
+    text and its choice, so the text of a client that fell behind can be merged (design §3)
     without reading the JSON back."""
 
     payload: bytes

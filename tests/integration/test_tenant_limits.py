@@ -1,4 +1,4 @@
-"""Per-tenant limits (DESIGN §5) through the real app, from a tenants TOML file with real keys:
+"""Per-tenant limits (design §5) through the real app, from a tenants TOML file with real keys:
 concurrency as the worker itself sees it, rpm and tpm exact across two replicas sharing Redis,
 refunds, slots freed by cancelled, failed and timed-out runs, the token budget, model and
 max_tokens policy, the quota metrics and headers, and key revocation. Where the store matters a

@@ -1,6 +1,6 @@
 """Two gateway replicas sharing Redis, in front of one real worker on the tiny model: a stream
 started on one replica is resumed and cancelled on the other, and when the replica driving a run
-is killed, the other marks the run failed once the owner lease lapses (DESIGN sections 2-4)."""
+is killed, the other marks the run failed once the owner lease lapses (design §2-§4)."""
 
 from __future__ import annotations
 
@@ -211,9 +211,9 @@ def test_stream_started_on_a_resumes_on_b(replica_a, replica_b, model):
     finishes = [c["finish_reason"] for _, d in tail[:-1] for c in d["choices"]]
     assert finishes[-1] == greedy.choices[0].finish_reason
     # Event ids are the log's seq numbers: they start at 1 and only go up, never repeating. A
-    # backlog (a resume's replay) has its text chunks merged under the last merged seq (DESIGN
-    # §3, gateway/backpressure.py), so ids may skip, but no text may: resuming from any id seen
-    # gives exactly the rest of the answer, from either replica.
+    # backlog (a resume's replay) has its text chunks merged under the last merged seq
+    # (design §3, gateway/backpressure.py), so ids may skip, but no text may: resuming from any id
+    # seen gives exactly the rest of the answer, from either replica.
     seqs = [seq for seq, _ in head + tail[:-1]]
     assert seqs[0] == 1 and increasing(seqs)
     seen = ""

@@ -1,4 +1,4 @@
-"""Metric names fixed by DESIGN §7, spelled out once for the tests that check them."""
+"""Metric names fixed by design §7, spelled out once for the tests that check them."""
 
 WORKER_METRICS = frozenset(
     {

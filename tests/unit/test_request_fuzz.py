@@ -1,4 +1,4 @@
-"""Arbitrary JSON in any field of a chat request never gets a 5xx (DESIGN §4).
+"""Arbitrary JSON in any field of a chat request never gets a 5xx (design §4).
 
 Hypothesis starts from a valid body and replaces one or more fields of the request schema, top
 level or nested, with arbitrary JSON values. Whatever it builds, the gateway answers a 2xx, or a

@@ -1,4 +1,4 @@
-"""Slow clients (DESIGN §3): a client that stops reading is detached without the gateway
+"""Slow clients (design §3): a client that stops reading is detached without the gateway
 buffering the run for it, and the run goes on; a client that falls behind and catches up gets
 its text coalesced, never lost; a client that keeps up gets every event as it is.
 

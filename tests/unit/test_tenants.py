@@ -1,4 +1,4 @@
-"""The tenants file: the DESIGN §5 shape, strict validation, and key edits that keep comments."""
+"""The tenants file: the design §5 shape, strict validation, and key edits that keep comments."""
 
 from __future__ import annotations
 

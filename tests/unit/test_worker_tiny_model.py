@@ -1,4 +1,4 @@
-"""The tiny test checkpoint: the shape DESIGN §10 asks for, and the same bytes every build."""
+"""The tiny test checkpoint: the shape design §10 asks for, and the same bytes every build."""
 
 from __future__ import annotations
 
