@@ -27,6 +27,7 @@ from adapters.events import (
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 from workers import api
+from workers.sampling_params import SamplingParams
 
 _PASSED_CODES = frozenset({"context_length_exceeded", "invalid_type", "invalid_value"})
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
@@ -34,20 +35,20 @@ ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked 
 
 def generate_request(request: ChatRequest, request_id: str) -> api.GenerateRequest:
     """The worker's `/v1/generate` body for a chat request."""
-    return api.GenerateRequest(
-        request_id=request_id,
-        messages=[{"role": m.role, "content": m.content or ""} for m in request.messages],
+    params = SamplingParams(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
-        stop=request.stop,
+        stop=tuple(request.stop),
         n=request.n,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         logprobs=request.logprobs,
         top_logprobs=request.top_logprobs,
     )
+    messages = [{"role": m.role, "content": m.content or ""} for m in request.messages]
+    return api.GenerateRequest(request_id, messages, params)
 
 
 def to_event(line: api.Line) -> Event:

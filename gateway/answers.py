@@ -83,64 +83,74 @@ async def stream_run(
     """Events after `after`, then the live run, as SSE. A resume raises ResumeWindowExpired
     (before anything is sent) when `after` is no longer retained; the request that started the
     run gets its HTTP error instead of a stream when the run was refused before any event."""
-    app = request.app
-    runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
-    run_id = record.run_id
-    renderer = ChunkRenderer(run_id, record.model, int(record.created))  # to merge text
-    writer: SSEWriter | None = None
+    metrics = request.app[METRICS]
+    begun: list[SSEWriter] = []  # the stream's writer, once its headers are out
     try:
-        async with (
-            following(runs, run_id),
-            contextlib.aclosing(runs.follow(run_id, after, FOLLOW_BATCH)) as events,
-        ):
-            # NOTE: the answer waits for the run's first events (so that a run refused before
-            # any, a 400 from the worker say, is still a plain HTTP error), but only up to one
-            # heartbeat interval: a run stuck in a queue gets its headers and pings meanwhile.
-            first_read = asyncio.ensure_future(anext(events, None))
-            try:
-                first, outran = await _first_events(first_read, settings.ping_interval, resume)
-                if first is None and not outran and first_read.done():
-                    terminal = (await runs.get(run_id)).terminal
-                    if terminal is not None and terminal.refused:
-                        raise terminal_error(terminal)
-                writer = await SSEWriter.open(
-                    request,
-                    settings.ping_interval,
-                    headers,
-                    first=first,
-                    write_timeout=settings.slow_client_timeout or None,
-                )
-                app[OPEN_STREAMS].add(asyncio.current_task())
-                metrics.active_streams.inc()
-                try:
-                    if outran:
-                        await _fell_behind(writer)
-                    else:
-                        pending = None if first_read.done() else first_read
-                        await _relay(events, writer, renderer, pending)
-                finally:
-                    metrics.active_streams.dec()
-                    metrics.client_blocked.observe(writer.blocked)
-            finally:
-                if not first_read.done():  # its task must end before the log is closed
-                    first_read.cancel()
-                    await asyncio.wait([first_read])
+        await _follow(request, record, after, headers, resume, begun)
     except SlowClient:
         metrics.slow_clients.inc()
         metrics.disconnects.inc()
         if request.transport is not None:
             request.transport.abort()  # the grace window now applies, as to any disconnect
-        return writer.response if writer is not None else web.Response(status=499)
     except ConnectionError:
         # the client went away while a frame was being written: an expected disconnect (the
         # grace window applies), not a server error to log with its traceback
         metrics.disconnects.inc()
-        return writer.response if writer is not None else web.Response(status=499)
     except asyncio.CancelledError:
         metrics.disconnects.inc()
         raise
-    assert writer is not None
-    return writer.response
+    return begun[0].response if begun else web.Response(status=499)
+
+
+async def _follow(
+    request: web.Request,
+    record: RunRecord,
+    after: int,
+    headers: dict[str, str] | None,
+    resume: bool,
+    begun: list[SSEWriter],
+) -> None:
+    app = request.app
+    runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
+    run_id = record.run_id
+    renderer = ChunkRenderer(run_id, record.model, int(record.created))  # to merge text
+    async with (
+        following(runs, run_id),
+        contextlib.aclosing(runs.follow(run_id, after, FOLLOW_BATCH)) as events,
+    ):
+        # NOTE: the answer waits for the run's first events (so that a run refused before any,
+        # a 400 from the worker say, is still a plain HTTP error), but only up to one heartbeat
+        # interval: a run stuck in a queue gets its headers and pings meanwhile.
+        first_read = asyncio.ensure_future(anext(events, None))
+        try:
+            first, outran = await _first_events(first_read, settings.ping_interval, resume)
+            if first is None and not outran and first_read.done():
+                terminal = (await runs.get(run_id)).terminal
+                if terminal is not None and terminal.refused:
+                    raise terminal_error(terminal)
+            writer = await SSEWriter.open(
+                request,
+                settings.ping_interval,
+                headers,
+                first=first,
+                write_timeout=settings.slow_client_timeout or None,
+            )
+            begun.append(writer)
+            app[OPEN_STREAMS].add(asyncio.current_task())
+            metrics.active_streams.inc()
+            try:
+                if outran:
+                    await _fell_behind(writer)
+                else:
+                    pending = None if first_read.done() else first_read
+                    await _relay(events, writer, renderer, pending)
+            finally:
+                metrics.active_streams.dec()
+                metrics.client_blocked.observe(writer.blocked)
+        finally:
+            if not first_read.done():  # its task must end before the log is closed
+                first_read.cancel()
+                await asyncio.wait([first_read])
 
 
 async def _first_events(

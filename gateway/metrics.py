@@ -54,7 +54,14 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._run_metrics(self.registry)
+        self._cancel_metrics(self.registry)
+        self._client_metrics(self.registry)
+        self._tenant_metrics(self.registry)
+        self._process_metrics(self.registry)
+
+    def _run_metrics(self, r: CollectorRegistry) -> None:
+        """What runs took and produced."""
         self.requests = Counter(
             "sluice_requests_total",
             "HTTP API requests by answer code.",
@@ -85,14 +92,21 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         )
-        self.active_streams = Gauge(
-            "sluice_active_streams", "Streaming responses open now.", registry=r
+        self.tail_latency = LoopHistogram(
+            "sluice_tail_latency_seconds",
+            "Last token received to the run's terminal state recorded.",
+            TOKEN_GAP_BUCKETS,
+            r,
         )
-        self.disconnects = Counter(
-            "sluice_disconnects_total",
-            "Clients that went away before their response ended.",
+        self.deadlines = Counter(
+            "sluice_deadlines_exceeded_total",
+            "Runs ended by a deadline, by which one (queue, ttft, inter_token, total).",
+            ["deadline"],
             registry=r,
         )
+
+    def _cancel_metrics(self, r: CollectorRegistry) -> None:
+        """How well early stops worked."""
         self.cancellations = Counter(
             "sluice_cancellations_total",
             "Runs stopped early, by source (client, disconnect, timeout, safety) and outcome "
@@ -112,11 +126,16 @@ class GatewayMetrics:
             TOKEN_GAP_BUCKETS,
             r,
         )
-        self.tail_latency = LoopHistogram(
-            "sluice_tail_latency_seconds",
-            "Last token received to the run's terminal state recorded.",
-            TOKEN_GAP_BUCKETS,
-            r,
+
+    def _client_metrics(self, r: CollectorRegistry) -> None:
+        """The clients' side: streams, disconnects, resumes, slow readers."""
+        self.active_streams = Gauge(
+            "sluice_active_streams", "Streaming responses open now.", registry=r
+        )
+        self.disconnects = Counter(
+            "sluice_disconnects_total",
+            "Clients that went away before their response ended.",
+            registry=r,
         )
         self.resumes = Counter(
             "sluice_resumes_total",
@@ -136,18 +155,23 @@ class GatewayMetrics:
             "Streams detached because the client stayed unwritable past the limit.",
             registry=r,
         )
-        self.deadlines = Counter(
-            "sluice_deadlines_exceeded_total",
-            "Runs ended by a deadline, by which one (queue, ttft, inter_token, total).",
-            ["deadline"],
-            registry=r,
-        )
+
+    def _tenant_metrics(self, r: CollectorRegistry) -> None:
+        """Tenant policies at work."""
         self.quota_rejections = Counter(
             "sluice_quota_rejections_total",
             "Requests refused by a tenant limit (requests, tokens, concurrency, budget, model).",
             ["limit"],
             registry=r,
         )
+        self.idempotent_replays = Counter(
+            "sluice_idempotent_replays_total",
+            "Requests answered from the run an earlier request with the same key started.",
+            registry=r,
+        )
+
+    def _process_metrics(self, r: CollectorRegistry) -> None:
+        """The gateway process: its local workers and what it holds in memory."""
         self.local_worker_exits = Counter(
             "sluice_local_worker_exits_total",
             "Local worker processes that exited unasked, by member and reason (code:N, signal:X).",
@@ -171,10 +195,5 @@ class GatewayMetrics:
             "Bytes held in this process for runs (their events and endings, live and ended) "
             "and for the endings kept with idempotency keys.",
             ["what"],
-            registry=r,
-        )
-        self.idempotent_replays = Counter(
-            "sluice_idempotent_replays_total",
-            "Requests answered from the run an earlier request with the same key started.",
             registry=r,
         )

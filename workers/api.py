@@ -10,7 +10,7 @@ bool is not an int) and names the offending field; unknown fields are ignored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -156,26 +156,34 @@ def parse_generate(body: Any) -> GenerateBody:
 
 @dataclass(slots=True)
 class GenerateRequest:
-    """A `/v1/generate` body as the client (the gateway's adapter) builds it."""
+    """A `/v1/generate` body as the client (the gateway's adapter) builds it: the parameters
+    are the engine's own `SamplingParams`, so both ends validate them alike."""
 
     request_id: str
     messages: list[dict[str, str]]
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool = False
-    top_logprobs: int = 0
-    ignore_eos: bool = False
+    params: SamplingParams
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self)
+        p = self.params
+        return orjson.dumps(
+            {
+                "request_id": self.request_id,
+                "messages": self.messages,
+                "max_tokens": p.max_tokens,
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k,
+                "seed": p.seed,
+                "stop": list(p.stop),
+                "stop_token_ids": list(p.stop_token_ids),
+                "n": p.n,
+                "presence_penalty": p.presence_penalty,
+                "frequency_penalty": p.frequency_penalty,
+                "logprobs": p.logprobs,
+                "top_logprobs": p.top_logprobs,
+                "ignore_eos": p.ignore_eos,
+            }
+        )
 
 
 # -- the stream's lines ---------------------------------------------------------------------

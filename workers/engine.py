@@ -11,7 +11,6 @@ in that step; the loop goes on.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -29,26 +28,16 @@ from workers.kv_cache import (
     blocks_for_budget,
     parse_bytes,
 )
-from workers.model_loader import context_length
+from workers.model_loader import context_length, eos_token_ids
 from workers.model_runner import ModelRunner
 from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, SequenceState
-from workers.sampler import Sampler
+from workers.sampler import Sampler, seeded
 from workers.scheduler import Scheduler
 from workers.stop import StopContext, StopStringHoldback, check_stop
 
 log = structlog.get_logger("sluice.worker.engine")
 
 ENGINE_ERROR = "engine_error"
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None)
-        ids.update([eos] if isinstance(eos, int) else eos or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
 
 
 def _log_failure(stage: str, request_id: str, error: Exception) -> None:
@@ -60,13 +49,6 @@ def _log_failure(stage: str, request_id: str, error: Exception) -> None:
         error=type(error).__name__,
         detail=str(error)[:200],
     )
-
-
-def _seed_for(seed: int | None, index: int) -> int:
-    """Choice 0 uses the seed as given; other choices derive their own, deterministically."""
-    if seed is None:
-        return secrets.randbits(63)
-    return seed if index == 0 else hash((seed, index)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class Engine:
@@ -102,7 +84,7 @@ class Engine:
         self.runner = ModelRunner(model, self.cache)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
-        self.stop_ctx = StopContext(_eos_ids(model, tokenizer), self.max_model_len)
+        self.stop_ctx = StopContext(eos_token_ids(model, tokenizer), self.max_model_len)
         self._requests: dict[str, Request] = {}
         self._ending: set[str] = set()  # requests a sequence of which finished this step
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
@@ -130,7 +112,7 @@ class Engine:
                 max_tokens=max_tokens,
                 detokenizer=IncrementalDetokenizer(self.table.text_bytes),
                 holdback=StopStringHoldback(params.stop),
-                generator=self._generator(params.seed, i) if not params.greedy else None,
+                generator=None if params.greedy else seeded(params.seed, i, self.runner.device),
             )
             for i in range(params.n)
         ]
@@ -233,11 +215,6 @@ class Engine:
         return list(outputs.values())
 
     # -- one step -------------------------------------------------------------------------------
-
-    def _generator(self, seed: int | None, index: int) -> torch.Generator:
-        generator = torch.Generator(device=self.runner.device)
-        generator.manual_seed(_seed_for(seed, index))
-        return generator
 
     def _out(self, outputs: dict[str, RequestOutput], request_id: str) -> RequestOutput:
         if request_id not in outputs:

@@ -14,7 +14,8 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 512
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the gateway's default request body limit
 # What a generate body adds to the client's messages and stops: the request id and parameters.
-# Re-encoding never grows the rest (escapes stay escapes; non-ASCII goes from \uXXXX to UTF-8).
+# Re-encoding never grows the rest (escapes stay escapes; an escaped non-ASCII character becomes
+# its shorter UTF-8 bytes).
 _GENERATE_OVERHEAD = 64 * 1024
 
 

@@ -174,6 +174,17 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Every id the model or its tokenizer names as end-of-sequence."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
 def context_length(config: Any) -> int:
     """The model's context window, under whichever name its config uses."""
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

@@ -13,6 +13,7 @@ Tokens masked out by top-k/top-p report -9999.0, as OpenAI does, since JSON has 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,6 +63,18 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     keep = before < top_p.unsqueeze(-1)
     cutoff = sorted_logits.masked_fill(~keep, float("inf")).min(dim=-1, keepdim=True).values
     logits.masked_fill_(logits < cutoff, float("-inf"))
+
+
+def seeded(seed: int | None, index: int, device: torch.device) -> torch.Generator:
+    """The random generator of choice `index`: choice 0 uses the seed as given, the others
+    derive their own from it deterministically; no seed, a random one."""
+    if seed is None:
+        value = secrets.randbits(63)
+    else:
+        value = seed if index == 0 else hash((seed, index)) & 0x7FFF_FFFF_FFFF_FFFF
+    generator = torch.Generator(device=device)
+    generator.manual_seed(value)
+    return generator
 
 
 class Sampler:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.api import BadRequest, parse_generate
+from workers.api import BadRequest, GenerateRequest, parse_generate
 from workers.sampling_params import SamplingParams
 
 
@@ -132,3 +133,16 @@ def test_any_json_is_parsed_or_refused_with_a_named_field(fields) -> None:
         parse_generate(body)
     except BadRequest as refused:
         assert refused.param is None or refused.param in GENERATE_FIELDS
+
+
+def test_the_adapters_body_parses_back_to_the_same_parameters() -> None:
+    params = SamplingParams(
+        max_tokens=9, temperature=0.5, top_p=0.9, seed=7, stop=("END",), n=2, logprobs=True
+    )
+    body = GenerateRequest("r", [{"role": "user", "content": "hi"}], params).to_json()
+    parsed = parse_generate(orjson.loads(body))
+    assert (parsed.request_id, parsed.messages, parsed.params) == (
+        "r",
+        [{"role": "user", "content": "hi"}],
+        params,
+    )
