@@ -33,6 +33,10 @@ own (on CPU, 60% of free RAM).
     .venv/bin/python bench/engine_throughput.py --quick       # smoke run, well under 2 min
     .venv/bin/python bench/engine_throughput.py               # full table, both dtypes
     .venv/bin/python bench/engine_throughput.py --rows a,c,d --dtype float32 --concurrency 8,32
+
+With `--compare TREE`, row (e) is row (d) run from another source tree (another checkout of this
+repository, say the commit before a change), and the ratios add engine / engine-before: before
+vs after, in one run.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# the tree whose engine a cell runs: this one, or another for row (e) of `--compare`
+TREE = Path(os.environ.get("SLUICE_BENCH_TREE", ROOT))
+if str(TREE) not in sys.path:
+    sys.path.insert(0, str(TREE))
 
 GFLOP_PER_TOKEN = 0.27  # ~2 x 135M parameters, SmolLM2-135M
 ROWS = {
@@ -62,6 +68,7 @@ ROWS = {
     "b": "generate, static batch",
     "c": "transformers CB",
     "d": "sluicegate engine",
+    "e": "engine, --compare tree",
 }
 CELL_MARK = "@cell "
 # transformers' FIFO scheduler admits no new prefill while less than this share of its cache is free
@@ -304,7 +311,11 @@ def make_engine(model: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
 def run_engine(engine: Any, wave: list[list[int]], max_new: int, tag: str) -> list[Trace]:
     """Add the wave and step until done; text events carry `tokens`, finish events the count."""
     from workers.request import EngineRequest
-    from workers.sampling_params import SamplingParams
+
+    try:
+        from workers.sampling_params import SamplingParams
+    except ImportError:  # a --compare tree from before the module's rename
+        from workers.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
     submitted = time.perf_counter()
@@ -316,7 +327,9 @@ def run_engine(engine: Any, wave: list[list[int]], max_new: int, tag: str) -> li
         now = time.perf_counter()
         for out in outputs:
             trace = traces[out.request_id]
-            for event in out.events:
+            for line in out.events:
+                # the engine's typed lines (or, in an older tree, their dicts)
+                event = line.wire() if hasattr(line, "wire") else line
                 if event["type"] == "text" and event["tokens"]:
                     trace.deliveries.append((now, event["tokens"]))
                 elif event["type"] == "finish":
@@ -464,6 +477,8 @@ def spawn_cell(args: argparse.Namespace, row: str, dtype: str) -> CellRun:
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+    if row == "e":
+        env["SLUICE_BENCH_TREE"] = str(Path(args.compare).resolve())
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(CELL_MARK)]
@@ -514,7 +529,7 @@ def print_tables(args: argparse.Namespace, runs: list[CellRun], gflops: dict[str
         if "a" in args.rows and "b" in args.rows and 1 in args.concurrency:
             print("(b) at c=1 is (a): not run twice")
         for run in mine:
-            if run.results and run.row in "cd":
+            if run.results and run.row in "cde":
                 last = run.results[-1]
                 shown = " ".join(f"{k}={v}" for k, v in last["settings"].items())
                 print(f"({run.row}) settings at c={last['concurrency']}: {shown}")
@@ -529,6 +544,7 @@ def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
     lines = {
         "engine / transformers CB": [(by.get(("d", c)), by.get(("c", c))) for c in cols],
         "engine / generate (a, c=1)": [(by.get(("d", c)), base) for c in cols],
+        "engine / engine of --compare": [(by.get(("d", c)), by.get(("e", c))) for c in cols],
         "transformers CB / generate (a)": [(by.get(("c", c)), base) for c in cols],
     }
     for name, pairs in lines.items():
@@ -568,6 +584,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 else ""
             ),
         )
+    p.add_argument("--compare", metavar="TREE", help="row (e): row (d) from this source tree")
     p.add_argument("--cell", choices=sorted(ROWS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -576,8 +593,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, name, value)
     args.concurrency = sorted({int(c) for c in str(args.concurrency).split(",")})
     args.rows = [r for r in args.rows.split(",") if r]
+    if args.compare and args.cell is None and "e" not in args.rows:
+        args.rows.append("e")
     if set(args.rows) - set(ROWS):
-        p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from a,b,c,d")
+        p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from a,b,c,d,e")
     if args.cell is None:
         args.dtype = [d for d in args.dtype.split(",") if d]
     return args

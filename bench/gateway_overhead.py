@@ -24,6 +24,10 @@ over the policies-off gateway.
     .venv/bin/python bench/gateway_overhead.py            # full run, a few minutes
     .venv/bin/python bench/gateway_overhead.py --quick    # smoke run, under 30 s
     .venv/bin/python bench/gateway_overhead.py --policies --delays 20 --concurrency 1,64
+
+With `--compare TREE`, one more gateway runs every cell from another source tree (another
+checkout of this repository, say the commit before a change: `git worktree add /tmp/before
+HEAD~5`), and a last table sets the two side by side: before vs after, in one run.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class Processes:
         log = (self.logdir / f"{name}.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, *args],
-            cwd=ROOT,
+            cwd=kwargs.pop("cwd", ROOT),
             stderr=log,
             stdout=kwargs.pop("stdout", log),
             start_new_session=True,
@@ -175,8 +179,16 @@ class Bench:
                 self.headers[name] = {"Authorization": f"Bearer {token}"}
             names = (*names, *POLICY_RELAYS)
         env = {**os.environ, "SLUICE_BENCH_JWT_SECRET": JWT_SECRET}
+        places = {name: {"env": env} for name in names}
+        if args.compare:  # the same gateway command, from the other tree
+            ports["before"] = free_port()
+            commands["before"] = commands["gateway"]
+            self.headers["before"] = self.headers["gateway"]
+            tree = str(Path(args.compare).resolve())
+            places["before"] = {"env": {**env, "PYTHONPATH": tree}, "cwd": tree}
+            names = (*names, "before")
         self.relays = {
-            name: procs.spawn(name, [*commands[name], "--port", str(ports[name])], env=env)
+            name: procs.spawn(name, [*commands[name], "--port", str(ports[name])], **places[name])
             for name in names
         }
         self.loadgen = procs.spawn(
@@ -343,6 +355,26 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def compare_table(rows: list[dict]) -> str:
+    """The gateway of this tree ("after") against the one of `--compare` ("before")."""
+    head = (
+        f"{'delay':>5} {'C':>3} | added TTFT p50 before  after | p99 before  after | "
+        f"chunks/s  before   after ratio | CPU-ms/1k before after ratio"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cb, ca = r["before_cpu"], r["gateway_cpu"]
+        sb, sa = r["before_chunks_s"], r["gateway_chunks_s"]
+        lines.append(
+            f"{r['delay_ms']:>5g} {r['concurrency']:>3} | "
+            f"{'':14} {r['before_added_p50_ms']:>+6.1f} {r['gateway_added_p50_ms']:>+6.1f} | "
+            f"{'':3} {r['before_added_p99_ms']:>+6.1f} {r['gateway_added_p99_ms']:>+6.1f} | "
+            f"{'':8} {sb:>7,.0f} {sa:>7,.0f} {sa / sb:>5.2f} | "
+            f"{'':9} {cb:>6.1f} {ca:>5.1f} {ca / cb:>5.2f}"
+        )
+    return "\n".join(lines)
+
+
 def policies_table(rows: list[dict]) -> str:
     """What each policies-on gateway adds over the policies-off one, cell by cell."""
     head = (
@@ -422,6 +454,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one short repeat: a smoke test")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--policies", action="store_true", help="add the policies-on gateways")
+    p.add_argument("--compare", metavar="TREE", help="also run the gateway of this source tree")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.rounds, args.min_requests, args.min_seconds = 1, 1, 1, 0.3
@@ -452,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows, args))
         if args.policies:
             print("\n" + policies_table(rows))
+        if args.compare:
+            print("\n" + compare_table(rows))
     return 1 if any(r["failed"] for r in rows) else 0
 
 

@@ -25,7 +25,6 @@ from gateway.runs.endings import store_unavailable_error
 from gateway.runs.manager import RunManager
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
-    Chunk,
     LogEvents,
     ResumeWindowExpired,
     RunRecord,
@@ -256,7 +255,7 @@ async def respond_with_ending(
     payloads = completion_chunks(terminal.completion, include_usage) if terminal.completion else []
     if terminal.error is not None:
         payloads.append(orjson.dumps({"error": terminal.error}))
-    events = [(seq, Chunk(payload)) for seq, payload in enumerate(payloads, 1)]
+    events = [(seq, payload, None, 0) for seq, payload in enumerate(payloads, 1)]
     writer = await SSEWriter.open(request, 0, headers, first=events)
     await writer.close()
     return writer.response

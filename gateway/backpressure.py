@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from adapters.events import TextDelta
 from adapters.to_openai import ChunkRenderer
-from gateway.runs.store import Chunk, LogEvents
+from gateway.runs.store import LogEvent, LogEvents
 
 COALESCE_AT = 16  # a read this long means the client is behind: merge its text
 
@@ -23,24 +23,23 @@ def coalesce(events: LogEvents, renderer: ChunkRenderer) -> LogEvents:
     if len(events) < COALESCE_AT:
         return events
     out: LogEvents = []
-    run: list[tuple[int, Chunk]] = []  # consecutive text chunks of one choice
+    run: list[LogEvent] = []  # consecutive text chunks of one choice
 
     def flush() -> None:
         if len(run) == 1:
             out.append(run[0])
         elif run:
-            text, index = "".join(c.text or "" for _, c in run), run[0][1].index
-            payload = renderer.render(TextDelta(text, index))
-            out.append((run[-1][0], Chunk(payload, text, index)))
+            text, index = "".join(e[2] or "" for e in run), run[0][3]
+            out.append((run[-1][0], renderer.render(TextDelta(text, index)), text, index))
         run.clear()
 
-    for seq, chunk in events:
-        if chunk.text is None:
+    for event in events:
+        if event[2] is None:  # not a plain text delta
             flush()
-            out.append((seq, chunk))
+            out.append(event)
             continue
-        if run and run[-1][1].index != chunk.index:
+        if run and run[-1][3] != event[3]:
             flush()
-        run.append((seq, chunk))
+        run.append(event)
     flush()
     return out

@@ -106,7 +106,7 @@ class SSEWriter:
         """Frame each (seq, chunk) event and write them all at once."""
         if events:
             self.last_seq = events[-1][0]
-            frames = [b"id: %d\ndata: %b\n\n" % (seq, c.payload) for seq, c in events]
+            frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]
             await self._write(b"".join(frames))
 
     async def send_error(self, error: dict) -> None:

@@ -13,7 +13,7 @@ import orjson
 
 from adapters.base import BackendRejected, BackendUnavailable
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
-from gateway.runs.store import Chunk, TerminalRecord
+from gateway.runs.store import Chunk, TerminalRecord, log_chunk
 
 _MESSAGES = {
     "cancelled": "The run was cancelled.",
@@ -67,7 +67,7 @@ def ending(
             "code": code,
         }
     record = TerminalRecord(status, cause, None, completion, error, at=time.time())
-    return record, Chunk(orjson.dumps({"error": error}))
+    return record, log_chunk(orjson.dumps({"error": error}))
 
 
 def refusal(exc: Exception) -> TerminalRecord:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from adapters.events import Accepted, Event, Finish, TextDelta, ToolCallDelta, Usage
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
-from gateway.runs.store import Chunk
+from gateway.runs.store import Chunk, log_chunk
 
 
 class Stage(Protocol):
@@ -67,14 +67,14 @@ class RunPipeline:
 
     def usage_chunk(self) -> Chunk | None:
         usage = self.builder.usage
-        return None if usage is None else Chunk(self.renderer.usage(usage))
+        return None if usage is None else log_chunk(self.renderer.usage(usage))
 
     def completion(self, created: int) -> bytes:
         return self.builder.build(self.run_id, self.model, created)
 
     def _open(self) -> list[Chunk]:
         self.opened = True
-        return [Chunk(self.renderer.role(i)) for i in range(self.n)]
+        return [log_chunk(self.renderer.role(i)) for i in range(self.n)]
 
     def _render(self, event: Event) -> Chunk | None:
         kind = type(event)
@@ -82,11 +82,11 @@ class RunPipeline:
             self.builder.add(event)
             payload = self.renderer.render(event)
             if event.logprobs is None:  # plain text: mergeable for a client that fell behind
-                return Chunk(payload, event.text, event.index)
-            return Chunk(payload)
+                return (payload, event.text, event.index)
+            return (payload, None, 0)
         if kind is ToolCallDelta or kind is Finish:
             self.builder.add(event)
-            return Chunk(self.renderer.render(event))
+            return (self.renderer.render(event), None, 0)
         if kind is Usage:
             self.builder.add(event)
         return None

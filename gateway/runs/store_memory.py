@@ -21,6 +21,7 @@ from gateway.runs.status import RunStatus, can_advance
 from gateway.runs.store import (
     Chunk,
     LogClosed,
+    LogEvent,
     LogEvents,
     ResumeWindowExpired,
     RunRecord,
@@ -34,7 +35,7 @@ EVENT_OVERHEAD = 120  # bytes an event costs beyond its payload (tuple, int, chu
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
-    events: deque[tuple[int, Chunk]] = field(default_factory=deque)
+    events: deque[LogEvent] = field(default_factory=deque)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     followers: int = 0
     event_bytes: int = 0
@@ -122,15 +123,15 @@ class MemoryRunStore:
     def _append(self, entry: _Entry, chunks: list[Chunk]) -> int:
         seq = entry.record.last_seq
         events = entry.events
-        for chunk in chunks:
+        for payload, text, index in chunks:
             seq += 1
-            events.append((seq, chunk))
-            entry.event_bytes += len(chunk.payload) + EVENT_OVERHEAD
+            events.append((seq, payload, text, index))
+            entry.event_bytes += len(payload) + EVENT_OVERHEAD
         # NOTE: the newest event always stays (it may be the run's final error frame).
         while len(events) > 1 and (
             len(events) > self.max_events or entry.event_bytes > self.max_event_bytes
         ):
-            entry.event_bytes -= len(events.popleft()[1].payload) + EVENT_OVERHEAD
+            entry.event_bytes -= len(events.popleft()[1]) + EVENT_OVERHEAD
         entry.record.last_seq = seq
         return seq
 

@@ -21,6 +21,7 @@ from gateway.runs.status import RunStatus
 from gateway.runs.store import (
     Chunk,
     LogClosed,
+    LogEvent,
     LogEvents,
     ResumeWindowExpired,
     RunRecord,
@@ -119,17 +120,15 @@ return total
 """
 
 
-def _fields(chunk: Chunk) -> dict[str, Any]:
-    if chunk.text is None:
-        return {"d": chunk.payload}
-    return {"d": chunk.payload, "t": chunk.text, "i": chunk.index}
+def _fields(payload: bytes, text: str | None, index: int) -> dict[str, Any]:
+    return {"d": payload} if text is None else {"d": payload, "t": text, "i": index}
 
 
-def _chunk(fields: dict[bytes, bytes]) -> Chunk:
-    text = fields.get(b"t")
+def _event(entry_id: bytes, fields: dict[bytes, bytes]) -> LogEvent:
+    seq, text = int(entry_id.split(b"-")[0]), fields.get(b"t")
     if text is None:
-        return Chunk(fields[b"d"])
-    return Chunk(fields[b"d"], text.decode(), int(fields[b"i"]))
+        return (seq, fields[b"d"], None, 0)
+    return (seq, fields[b"d"], text.decode(), int(fields[b"i"]))
 
 
 class RedisRunStore:
@@ -193,8 +192,8 @@ class RedisRunStore:
         key, stream, _, _ = self._keys(record.run_id)
         fields = self.record_fields(record) | {"last_seq": events[-1][0] if events else 0}
         pipe.delete(key, stream)
-        for seq, chunk in events:
-            pipe.xadd(stream, _fields(chunk), id=f"{seq}-0", maxlen=self.max_events)
+        for seq, payload, text, index in events:
+            pipe.xadd(stream, _fields(payload, text, index), id=f"{seq}-0", maxlen=self.max_events)
         pipe.hset(key, mapping=fields)
         ttl = self.retention if record.status.is_terminal else self.live_ttl
         pipe.expire(key, max(1, int(ttl)))
@@ -247,7 +246,7 @@ class RedisRunStore:
         retention_ms = max(1, round(self.retention * 1000))
         args = [int(terminal.status), terminal_to_json(terminal), retention_ms, self.max_events]
         if final is not None:
-            args += [final_seq, final.payload]
+            args += [final_seq, final[0]]
         return self._finish(keys=self._keys(run_id), args=args, client=client)
 
     def queue_append(
@@ -255,11 +254,11 @@ class RedisRunStore:
     ) -> Any:
         """The append script; `first_seq` numbers the chunks (0: after the last one)."""
         args: list[Any] = [self.max_events, first_seq]
-        for chunk in chunks:
-            if chunk.text is None:
-                args += [chunk.payload, "-", ""]
+        for payload, text, index in chunks:
+            if text is None:
+                args += [payload, "-", ""]
             else:
-                args += [chunk.payload, f"t{chunk.index}", chunk.text]
+                args += [payload, f"t{index}", text]
         return self._append(keys=self._keys(run_id)[:3], args=args, client=client)
 
     async def append(self, run_id: str, chunks: list[Chunk]) -> int:
@@ -285,7 +284,7 @@ class RedisRunStore:
             entries = await self.redis.xrange(events, min=f"{after + 1}-0", max="+", count=count)
         if not entries or int(entries[0][0].split(b"-")[0]) != after + 1:
             raise ResumeWindowExpired(run_id)
-        return [(int(eid.split(b"-")[0]), _chunk(fields)) for eid, fields in entries]
+        return [_event(eid, fields) for eid, fields in entries]
 
     async def wait(self, run_id: str, after: int) -> None:
         key, _, channel, _ = self._keys(run_id)

@@ -35,7 +35,7 @@ async def make_driver(script, deadlines=None, *, abortable=True, confirm_timeout
 
 
 async def log(store) -> list[dict]:
-    return [orjson.loads(c.payload) for _, c in await store.read("run-1", 0)]
+    return [orjson.loads(e[1]) for e in await store.read("run-1", 0)]
 
 
 async def streaming(store, events: int = 1) -> None:

@@ -26,8 +26,8 @@ async def start(manager: RunManager, adapter: ScriptedAdapter):
 
 def text(events) -> str:
     out = []
-    for _, chunk in events:
-        body = orjson.loads(chunk.payload)
+    for event in events:
+        body = orjson.loads(event[1])
         for choice in body.get("choices", []):
             out.append(choice["delta"].get("content") or "")
     return "".join(out)
@@ -42,7 +42,7 @@ async def test_follow_replays_then_follows_live_until_the_end():
     adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.002))
     driver = await start(manager, adapter)
     events = await collect(manager, driver.run_id)
-    assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
+    assert [e[0] for e in events] == list(range(1, len(events) + 1))
     assert text(events) == "".join(PIECES)
     assert (await manager.result(driver.run_id)).status == RunStatus.COMPLETED
 

@@ -18,6 +18,7 @@ from gateway.runs.store import (
     RunRecord,
     TerminalRecord,
     UnknownRun,
+    log_chunk,
 )
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_mirrored import MirroredRunStore
@@ -52,11 +53,11 @@ async def store(request, redis_space):
 
 
 def ev(*payloads: bytes) -> list[Chunk]:
-    return [Chunk(p) for p in payloads]
+    return [log_chunk(p) for p in payloads]
 
 
 def log_of(*pairs) -> list:
-    return [(seq, Chunk(p)) for seq, p in pairs]
+    return [(seq, p, None, 0) for seq, p in pairs]
 
 
 async def new_run(store, run_id: str = "run-1") -> str:
@@ -76,7 +77,7 @@ async def test_events_get_consecutive_seq_numbers_and_read_after_n(store):
 async def test_events_past_retention_are_a_resume_window_error(store):
     run = await new_run(store)
     await store.append(run, ev(*(b"%d" % i for i in range(1, 8))))  # keeps 3..7
-    assert [seq for seq, _ in await store.read(run, 2)] == [3, 4, 5, 6, 7]
+    assert [e[0] for e in await store.read(run, 2)] == [3, 4, 5, 6, 7]
     with pytest.raises(ResumeWindowExpired):
         await store.read(run, 1)
 
@@ -114,8 +115,8 @@ async def test_the_winning_finish_appends_its_final_event_the_loser_nothing(stor
     run = await new_run(store)
     await store.append(run, ev(b"a"))
     cancelled = TerminalRecord(RunStatus.CANCELLED, "cancel:client")
-    assert await store.finish(run, cancelled, Chunk(b"error-frame"))
-    assert not await store.finish(run, TerminalRecord(RunStatus.FAILED, "x"), Chunk(b"second"))
+    assert await store.finish(run, cancelled, log_chunk(b"error-frame"))
+    assert not await store.finish(run, TerminalRecord(RunStatus.FAILED, "x"), log_chunk(b"second"))
     assert await store.read(run, 0) == log_of((1, b"a"), (2, b"error-frame"))
     record = await store.get(run)
     assert (record.last_seq, record.terminal) == (2, cancelled)
@@ -137,9 +138,9 @@ async def test_terminal_records_keep_a_refusal_and_its_completion(store):
 
 async def test_text_chunks_keep_their_text_and_choice(store):
     run = await new_run(store)
-    chunks = [Chunk(b"{}", "你好", 2), Chunk(b"{}", "", 0), Chunk(b"{}")]
+    chunks = [log_chunk(b"{}", "你好", 2), log_chunk(b"{}", "", 0), log_chunk(b"{}")]
     await store.append(run, chunks)
-    assert [c for _, c in await store.read(run, 0)] == chunks
+    assert [e[1:] for e in await store.read(run, 0)] == chunks
 
 
 async def test_reads_can_be_limited(store):
@@ -183,7 +184,7 @@ async def test_a_run_ended_by_another_replica_is_read_from_redis_by_the_owner(re
         waiter = asyncio.create_task(owner.wait(run, 1))
         await asyncio.sleep(0.01)  # NOTE: the owner is waiting on its mirror when it happens
         lost = TerminalRecord(RunStatus.FAILED, "owner_lost")
-        assert await other.finish(run, lost, Chunk(b"lost-frame"))  # it took the owner for dead
+        assert await other.finish(run, lost, log_chunk(b"lost-frame"))  # it took the owner for dead
         await owner.append(run, ev(b"late"))  # taken locally; Redis refuses it on the way
         await owner.writes.settle(run)
         with pytest.raises(LogClosed):
@@ -208,10 +209,10 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
                 await asyncio.sleep(0.003)  # NOTE: the scenario: appends across write ticks
         for run in runs:
             done = TerminalRecord(RunStatus.COMPLETED, "completed")
-            await owner.finish(run, done, Chunk(b"end"))
+            await owner.finish(run, done, log_chunk(b"end"))
             events = await elsewhere.read(run, 0)  # what another replica sees
-            assert [c.payload for _, c in events] == [b"%d" % n for n in range(40)] + [b"end"]
-            assert [seq for seq, _ in events] == list(range(1, 42))
+            assert [e[1] for e in events] == [b"%d" % n for n in range(40)] + [b"end"]
+            assert [e[0] for e in events] == list(range(1, 42))
     finally:
         await owner.close()
 
@@ -220,7 +221,7 @@ async def test_a_runs_events_are_bounded_in_bytes_older_ones_dropped():
     store = MemoryRunStore(max_events=100, max_event_bytes=1000)
     run = await new_run(store)
     await store.append(run, ev(*(b"%03d" % i + b"x" * 157 for i in range(10))))  # 280 B each
-    assert [seq for seq, _ in await store.read(run, 7)] == [8, 9, 10]
+    assert [e[0] for e in await store.read(run, 7)] == [8, 9, 10]
     with pytest.raises(ResumeWindowExpired):
         await store.read(run, 6)
     assert store.bytes_held() == 3 * 280  # 160 B of payload, 120 B of overhead each

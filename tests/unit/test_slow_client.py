@@ -24,7 +24,7 @@ from gateway.app_keys import RUNS
 from gateway.backpressure import COALESCE_AT, coalesce
 from gateway.runs.endings import ending
 from gateway.runs.status import RunStatus
-from gateway.runs.store import Chunk, ResumeWindowExpired
+from gateway.runs.store import Chunk, ResumeWindowExpired, log_chunk
 from gateway.sse import SlowClient, SSEWriter
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import (
@@ -255,7 +255,7 @@ async def test_a_write_to_a_paused_socket_is_timed_out_even_under_the_high_water
     )
     async with asyncio.timeout(5):  # the bug this guards against is a write that never ends
         with pytest.raises(SlowClient):
-            await writer.send([(1, Chunk(b"{}"))])
+            await writer.send([(1, b"{}", None, 0)])
     assert writer.blocked >= 0.2
 
 
@@ -266,15 +266,16 @@ R = ChunkRenderer("chatcmpl-test", "scripted", created=1)
 
 def text(piece: str, index: int = 0) -> Chunk:
     """A plain text delta as the run's pipeline puts it in the log: its chunk and its text."""
-    return Chunk(R.render(TextDelta(piece, index=index)), piece, index)
+    return log_chunk(R.render(TextDelta(piece, index=index)), piece, index)
 
 
-def numbered(chunks: list[Chunk]) -> list[tuple[int, Chunk]]:
-    return list(enumerate(chunks, start=1))
+def numbered(chunks: list[Chunk]) -> list[tuple]:
+    """The chunks as the log reads them back: (seq, payload, text, index)."""
+    return [(seq, *chunk) for seq, chunk in enumerate(chunks, start=1)]
 
 
 def content(chunk: Chunk) -> tuple[int, str]:
-    (choice,) = orjson.loads(chunk.payload)["choices"]
+    (choice,) = orjson.loads(chunk[0])["choices"]
     return choice["index"], choice["delta"]["content"]
 
 
@@ -284,13 +285,13 @@ def test_a_short_backlog_is_left_as_it_is():
 
 
 def test_a_long_backlog_merges_runs_of_plain_text_of_one_choice_and_keeps_the_rest():
-    usage = Chunk(R.usage(Usage(3, 30)))
+    usage = log_chunk(R.usage(Usage(3, 30)))
     error = ending(RunStatus.CANCELLED, "cancel:client")[1]
-    tool = Chunk(R.render(ToolCallDelta(0, '{"city": ', id="call_1", name="weather")))
+    tool = log_chunk(R.render(ToolCallDelta(0, '{"city": ', id="call_1", name="weather")))
     lp = [{"token": "lp", "logprob": -0.5}]
-    with_logprobs = Chunk(R.render(TextDelta("lp", logprobs=lp)))  # no text: not mergeable
+    with_logprobs = log_chunk(R.render(TextDelta("lp", logprobs=lp)))  # no text: not mergeable
     payloads = [
-        Chunk(R.role(0)),  # 1
+        log_chunk(R.role(0)),  # 1
         *[text(f"a{i} ") for i in range(10)],  # 2..11
         text("b0 ", index=1),  # 12: another choice
         text("a10 "),  # 13
@@ -301,22 +302,22 @@ def test_a_long_backlog_merges_runs_of_plain_text_of_one_choice_and_keeps_the_re
         text("a13 "),  # 18
         text("b1 ", index=1),  # 19
         text("b2 ", index=1),  # 20
-        Chunk(R.render(Finish("stop"))),  # 21
+        log_chunk(R.render(Finish("stop"))),  # 21
         usage,  # 22
         error,  # 23
     ]
     events = numbered(payloads)
     assert len(events) >= COALESCE_AT
     out = coalesce(events, R)
-    assert [seq for seq, _ in out] == [1, 11, 12, 14, 15, 16, 17, 18, 20, 21, 22, 23]
-    merged = dict(out)
+    assert [e[0] for e in out] == [1, 11, 12, 14, 15, 16, 17, 18, 20, 21, 22, 23]
+    merged = {e[0]: e[1:] for e in out}  # seq -> the chunk
     assert content(merged[11]) == (0, "".join(f"a{i} " for i in range(10)))
     assert content(merged[14]) == (0, "a10 a11 ")
     assert content(merged[20]) == (1, "b1 b2 ")
     for seq in (1, 12, 15, 16, 17, 18, 21, 22, 23):  # alone or not plain text: as they were
         assert merged[seq] == payloads[seq - 1]  # byte for byte
-    assert orjson.loads(merged[11].payload)["id"] == "chatcmpl-test"  # still a whole chunk
-    assert merged[11].payload == text("".join(f"a{i} " for i in range(10))).payload
+    assert orjson.loads(merged[11][0])["id"] == "chatcmpl-test"  # still a whole chunk
+    assert merged[11][0] == text("".join(f"a{i} " for i in range(10)))[0]
 
 
 def test_merging_never_changes_the_text_of_any_choice():
@@ -325,5 +326,5 @@ def test_merging_never_changes_the_text_of_any_choice():
     assert len(out) < len(payloads)
     for index in (0, 1):
         before = "".join(c for i, c in map(content, payloads) if i == index)
-        after = "".join(c for i, c in (content(p) for _, p in out) if i == index)
+        after = "".join(c for i, c in (content(e[1:]) for e in out) if i == index)
         assert after == before

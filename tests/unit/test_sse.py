@@ -8,7 +8,6 @@ import orjson
 from aiohttp import web
 from openai._streaming import SSEDecoder
 
-from gateway.runs.store import Chunk
 from gateway.sse import SSEWriter
 
 
@@ -36,9 +35,12 @@ def decode(raw: bytes):
 
 async def test_frames_decode_with_ids_and_done(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        first = [(1, Chunk(orjson.dumps({"n": 1}))), (2, Chunk(orjson.dumps({"n": "你好"})))]
+        first = [
+            (1, orjson.dumps({"n": 1}), None, 0),
+            (2, orjson.dumps({"n": "你好"}), None, 0),
+        ]
         await writer.send(first)
-        await writer.send([(3, Chunk(orjson.dumps({"n": 3})))])
+        await writer.send([(3, orjson.dumps({"n": 3}), None, 0)])
 
     raw, headers = await read_all(await aiohttp_client(writer_app(script)))
     assert raw == (
@@ -58,7 +60,7 @@ async def test_frames_decode_with_ids_and_done(aiohttp_client):
 
 async def test_error_frame_then_done(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        await writer.send([(1, Chunk(b'{"a":1}'))])
+        await writer.send([(1, b'{"a":1}', None, 0)])
         await writer.send_error(
             {"message": "boom", "type": "server_error", "param": None, "code": "upstream_error"}
         )
@@ -79,9 +81,9 @@ async def test_error_frame_then_done(aiohttp_client):
 
 async def test_idle_stream_gets_ping_comments(aiohttp_client):
     async def script(writer: SSEWriter) -> None:
-        await writer.send([(1, Chunk(b"{}"))])
+        await writer.send([(1, b"{}", None, 0)])
         await asyncio.sleep(0.18)  # NOTE: the scenario: an idle stretch long enough for pings
-        await writer.send([(1, Chunk(b"{}"))])
+        await writer.send([(1, b"{}", None, 0)])
 
     raw, _ = await read_all(await aiohttp_client(writer_app(script)))
     assert raw.count(b": ping\n") >= 2
