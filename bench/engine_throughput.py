@@ -36,7 +36,9 @@ own (on CPU, 60% of free RAM).
 
 With `--compare TREE`, row (e) is row (d) run from another source tree (another checkout of this
 repository, say the commit before a change), and the ratios add engine / engine-before: before
-vs after, in one run.
+vs after, in one run. `--repeats N` runs every row N times, the rows taking turns (d, e, d, e,
+...) so a slow spell of a shared machine falls on both, and shows each cell's median run by
+tok/s.
 """
 
 from __future__ import annotations
@@ -491,6 +493,23 @@ def spawn_cell(args: argparse.Namespace, row: str, dtype: str) -> CellRun:
     return CellRun(row, dtype, results, failure)
 
 
+def median_runs(rounds: list[CellRun]) -> list[CellRun]:
+    """One run per (row, dtype): per concurrency, the repeat with the median tok/s."""
+    merged: dict[tuple[str, str], CellRun] = {}
+    cells: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for run in rounds:
+        first = merged.setdefault((run.row, run.dtype), CellRun(run.row, run.dtype, []))
+        first.failure = first.failure or run.failure
+        for res in run.results:
+            cells.setdefault((run.row, run.dtype, res["concurrency"]), []).append(res)
+    for (row, dtype, _), found in cells.items():
+        found.sort(key=lambda res: res["tok_s"])
+        merged[(row, dtype)].results.append(found[(len(found) - 1) // 2])
+    for run in merged.values():
+        run.results.sort(key=lambda res: res["concurrency"])
+    return list(merged.values())
+
+
 def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -584,6 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 else ""
             ),
         )
+    p.add_argument("--repeats", type=int, default=1, help="runs of every row, taking turns")
     p.add_argument("--compare", metavar="TREE", help="row (e): row (d) from this source tree")
     p.add_argument("--cell", choices=sorted(ROWS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -618,7 +638,13 @@ def main(argv: list[str] | None = None) -> None:
         f"concurrency {args.concurrency}; >= {args.requests} requests per concurrency",
         flush=True,
     )
-    runs = [spawn_cell(args, row, dtype) for dtype in args.dtype for row in args.rows]
+    rounds = [
+        spawn_cell(args, row, dtype)
+        for _ in range(args.repeats)
+        for dtype in args.dtype
+        for row in args.rows
+    ]
+    runs = median_runs(rounds)
     print_tables(args, runs, gflops)
     if args.json:
         cells = [
