@@ -142,7 +142,10 @@ class CompletionBuilder:
     def finish_reason(self, index: int = 0) -> str:
         return self._finish[index] or "stop"
 
-    def build(self, completion_id: str, model: str, created: int) -> bytes:
+    def build(self, completion_id: str, model: str, created: int, *, early: bool = False) -> bytes:
+        """The object; `early` for a run that ended before the upstream finished it: a choice
+        with no finish has `finish_reason` null, and usage the upstream never reported is null
+        (the run end's log line and usage record have what was generated and billed)."""
         choices = []
         for i, parts in enumerate(self._text):
             calls = [self._tool_calls[i][k] for k in sorted(self._tool_calls[i])]
@@ -159,10 +162,12 @@ class CompletionBuilder:
                     "index": i,
                     "message": message,
                     "logprobs": logprobs,
-                    "finish_reason": self.finish_reason(i),
+                    "finish_reason": self._finish[i] if early else self.finish_reason(i),
                 }
             )
-        usage = self.usage or Usage(0, 0)
+        usage = self.usage
+        if usage is None and not early:
+            usage = Usage(0, 0)
         return orjson.dumps(
             {
                 "id": completion_id,
@@ -170,7 +175,7 @@ class CompletionBuilder:
                 "created": created,
                 "model": model,
                 "choices": choices,
-                "usage": usage_dict(usage),
+                "usage": None if usage is None else usage_dict(usage),
             }
         )
 

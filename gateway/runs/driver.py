@@ -270,7 +270,7 @@ class RunDriver:
         e = self.ending
         completion = None
         if self.pipeline.opened:
-            completion = self.pipeline.completion(int(time.time()))
+            completion = self.pipeline.completion(int(time.time()), early=True)
         record, frame = ending(e.status, e.cause, completion, e.error)
         await self._finish(record, frame)
 

@@ -69,8 +69,8 @@ class RunPipeline:
         usage = self.builder.usage
         return None if usage is None else log_chunk(self.renderer.usage(usage))
 
-    def completion(self, created: int) -> bytes:
-        return self.builder.build(self.run_id, self.model, created)
+    def completion(self, created: int, *, early: bool = False) -> bytes:
+        return self.builder.build(self.run_id, self.model, created, early=early)
 
     def _open(self) -> list[Chunk]:
         self.opened = True

@@ -214,6 +214,7 @@ def test_client_going_away_cancels_the_run_after_the_grace_window(client, model,
 
     run = until_sync(ended, "the run to end", within=15)
     assert run.status == "cancelled"
+    assert run.choices[0].finish_reason is None  # cut short, not stopped by the model
     assert time.monotonic() - gone_at >= DISCONNECT_GRACE * 0.9  # it waited for a resume
 
     def idle() -> dict | None:

@@ -186,6 +186,11 @@ async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_clie
     body = await until(ended, "the run to end")
     assert body["status"] == "cancelled"
     assert body["error"]["code"] == "cancelled"
+    choice = body["choices"][0]
+    sent = choice["message"]["content"]  # what reached the log before the end
+    assert sent.startswith("".join(PIECES[:3])) and "".join(PIECES).startswith(sent)
+    assert choice["finish_reason"] is None  # it never finished
+    assert body["usage"] is None  # the upstream never reported it
 
     async def counted() -> str | None:
         metrics = await (await client.get("/metrics")).text()
