@@ -9,11 +9,11 @@ waiting out its queue deadline in the dark.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
 from adapters.base import Adapter
+from gateway.tasks import stop_tasks
 
 log = structlog.get_logger("sluice.health")
 
@@ -32,10 +32,7 @@ class BackendHealth:
         self._task = asyncio.create_task(self._run(), name="backend health")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_tasks([self._task])
 
     def ready(self, adapter: Adapter) -> bool:
         return self._ready.get(adapter.name, False)

@@ -4,7 +4,6 @@ its reloads on SIGHUP or when the file changes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -14,6 +13,7 @@ from aiohttp import web
 
 from gateway.app_keys import AUTH, SETTINGS
 from gateway.settings import Settings
+from gateway.tasks import stop_tasks
 from policies.auth import Authenticator
 from policies.tenants import TenantsConfig, load_tenants, single_tenant
 from policies.tenants_watch import reload_now, watch_tenants
@@ -71,8 +71,6 @@ async def watch_tenants_file(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_tasks([task])
         if on_hup:
             loop.remove_signal_handler(signal.SIGHUP)

@@ -28,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.runs.store import StoreUnavailable
 from gateway.store_health import PROBE_EVERY, StoreHealth
+from gateway.tasks import stop_tasks
 
 log = structlog.get_logger("sluice.redis")
 
@@ -107,8 +108,5 @@ class SharedRedis:
             await self.ping()
 
     async def close(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        await stop_tasks([self._prober])
         await self.redis.aclose()

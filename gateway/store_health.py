@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import structlog
 
 from gateway.runs.store import StoreUnavailable
+from gateway.tasks import stop_tasks
 
 log = structlog.get_logger("sluice.store")
 
@@ -139,10 +140,7 @@ class DeferredWrites:
 
     async def close(self) -> None:
         """Shutdown: one last try for each, then their `give_up`."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_tasks([self._task])
         pending, self._pending = self._pending, []
         for _, what, write, give_up in pending:
             try:

@@ -34,9 +34,11 @@ from gateway.runs.store import (
     UnknownRun,
 )
 from gateway.store_health import StoreHealth, patiently
+from gateway.tasks import stop_tasks
 
 log = structlog.get_logger("sluice.runs")
 T = TypeVar("T")
+SHUTDOWN_WITHIN = 5.0  # seconds a driver gets to write its ending and settle at shutdown
 
 
 def new_run_id() -> str:
@@ -85,11 +87,10 @@ class RunManager:
         """Shutdown: stop driving (runs left live elsewhere are failed by the owner lease)."""
         for timer in self._grace.values():
             timer.cancel()
-        tasks = [d.task for d in self.drivers.values() if d.task is not None]
-        tasks += list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # NOTE: a driver's shutdown writes its ending and settles (each Redis call bounded by
+        # --redis-timeout), so drivers get longer than the replica's own loops
+        await stop_tasks(list(self._tasks))
+        await stop_tasks([d.task for d in self.drivers.values()], within=SHUTDOWN_WITHIN)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)

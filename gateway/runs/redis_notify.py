@@ -18,6 +18,7 @@ from redis.asyncio.client import PubSub
 
 from gateway.redis_client import REDIS_ERRORS
 from gateway.runs.store import StoreUnavailable
+from gateway.tasks import stop_tasks
 
 LINGER = 5.0  # seconds a channel stays subscribed with nobody watching
 _ENDED = float("inf")
@@ -92,10 +93,7 @@ class Notifier:
             yield await self._cancels.get()
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        await stop_tasks([self._reader])
         if self._pubsub is not None:
             await self._pubsub.aclose()
         self._pubsub = self._reader = None

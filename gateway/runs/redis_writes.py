@@ -28,6 +28,7 @@ from gateway.runs.status import RunStatus
 from gateway.runs.store import Chunk, LogEvents, RunRecord, StoreUnavailable, TerminalRecord
 from gateway.runs.store_redis import RedisRunStore
 from gateway.store_health import StoreHealth
+from gateway.tasks import stop_tasks
 
 log = structlog.get_logger("sluice.runs")
 TICK = 0.005  # seconds writes wait to travel together
@@ -251,10 +252,7 @@ class WriteBehind:
 
     async def close(self, within: float = 2.0) -> None:
         """Shutdown: one last try to write what is queued, then what is left is lost."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_tasks([self._task])
         if self._pending:
             batch, self._pending = self._pending, {}
             written = False
