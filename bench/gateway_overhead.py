@@ -48,13 +48,22 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from bench_tenants import (
+    API_KEY,
+    JWT_SECRET,
+    SAFETY_WINDOW_CHARS,
+    TOKEN_CHARS,
+    jwt_token,
+    write_safety_tenants_file,
+    write_tenants_file,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
-API_KEY = "sk-sluice-bench"
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 RELAYS = ("passthrough", "gateway")
 POLICY_RELAYS = ("memory+key", "memory+jwt", "redis+key", "redis+jwt")
+SAFETY_RELAYS = ("window-off", "chars", "sentence")  # the same tenant, with its policy varied
 REDIS_URL = "redis://127.0.0.1:6379/0"
-JWT_SECRET = "sluice-bench-jwt-secret-of-at-least-32-bytes"
 # name: ((concurrency, delay ms), summary key, limit, "<=" or ">=")
 TARGETS = {
     "gateway added TTFT p99, 64 streams x 20 ms": ((64, 20.0), "gateway_added_p99_ms", 10, "<="),
@@ -178,6 +187,14 @@ class Bench:
                 token = jwt_token() if name.endswith("jwt") else API_KEY
                 self.headers[name] = {"Authorization": f"Bearer {token}"}
             names = (*names, *POLICY_RELAYS)
+        if args.safety:
+            for name in SAFETY_RELAYS:
+                ports[name] = free_port()
+                tenants = write_safety_tenants_file(procs.logdir, name)
+                via = ["--upstream", f"scripted={upstream_url}"]
+                commands[name] = [*serve[:-2], "--tenants", str(tenants), *via]
+                self.headers[name] = {"Authorization": f"Bearer {API_KEY}"}
+            names = (*names, *SAFETY_RELAYS)
         env = {**os.environ, "SLUICE_BENCH_JWT_SECRET": JWT_SECRET}
         places = {name: {"env": env} for name in names}
         if args.compare:  # the same gateway command, from the other tree
@@ -222,6 +239,7 @@ class Bench:
             "requests": requests,
             "min_seconds": self.args.min_seconds,
             "chunks": self.args.chunks,
+            "exact_chunks": target not in SAFETY_RELAYS,
         }
         relay = self.relays.get(target)
         pids = {"relay": relay.pid if relay else None, "upstream": self.upstream_pid}
@@ -239,13 +257,16 @@ class Bench:
                 f"streams, e.g. {result['errors']}",
                 file=sys.stderr,
             )
-        kchunks = max(result["frames"], 1) / 1000
+        frames = result["frames"]
+        if target in SAFETY_RELAYS:  # per upstream chunk: the window merges what it held
+            frames = len(result["ttft_s"]) * self.args.chunks
+        kchunks = max(frames, 1) / 1000
         cpu_ms = {k: (after[k] - before[k]) * 1000 / kchunks for k in after}
         ttft = result["ttft_s"] or [float("nan")]
         return {
             "ttft_p50_ms": percentile(ttft, 0.50) * 1000,
             "ttft_p99_ms": percentile(ttft, 0.99) * 1000,
-            "chunks_s": result["frames"] / result["wall_s"],
+            "chunks_s": frames / result["wall_s"],
             "cpu": cpu_ms.get("relay", 0.0),
             "upstream_cpu": cpu_ms["upstream"],
             "loadgen_cpu": result["loadgen_cpu_s"] * 1000 / kchunks,
@@ -375,6 +396,31 @@ def compare_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def safety_table(rows: list[dict]) -> str:
+    """What the safety window adds over the same tenant without one, cell by cell: TTFT (and
+    the hold the window itself implies: W characters at the stream's rate) and CPU per chunk."""
+    head = (
+        f"{'delay':>5} {'C':>3} {'window':<9} | added TTFT p50 {'p99':>7} | own hold {'+5ms':>6} "
+        f"{'ok':>3} | CPU-ms/1k {'off':>6} {'this':>6} {'ratio':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for name in SAFETY_RELAYS[1:]:
+            if f"{name}_cpu" not in r:
+                continue
+            p50 = r[f"{name}_added_p50_ms"] - r["window-off_added_p50_ms"]
+            p99 = r[f"{name}_added_p99_ms"] - r["window-off_added_p99_ms"]
+            hold = SAFETY_WINDOW_CHARS / TOKEN_CHARS * r["delay_ms"]
+            off, this = r["window-off_cpu"], r[f"{name}_cpu"]
+            ok = "yes" if p99 <= hold + 5 else "NO"
+            lines.append(
+                f"{r['delay_ms']:>5g} {r['concurrency']:>3} {name:<9} | {p50:>+14.1f} {p99:>+7.1f}"
+                f" | {hold:>8.1f} {hold + 5:>6.1f} {ok:>3} | {off:>16.1f} {this:>6.1f} "
+                f"{this / off:>6.2f}"
+            )
+    return "\n".join(lines)
+
+
 def policies_table(rows: list[dict]) -> str:
     """What each policies-on gateway adds over the policies-off one, cell by cell."""
     head = (
@@ -394,38 +440,6 @@ def policies_table(rows: list[dict]) -> str:
                 f"{p50:>+23.1f} {p99:>+7.1f} | {gw:>16.1f} {this:>6.1f} {this / gw:>6.2f}"
             )
     return "\n".join(lines)
-
-
-def write_tenants_file(folder: Path) -> Path:
-    """One tenant with every limit on, all far above what the benchmark asks for."""
-    from policies.auth import hash_key
-
-    path = folder / "tenants.toml"
-    path.write_text(
-        f"""[tenants.bench]
-rpm = 100000000
-tpm = 100000000000
-max_concurrent = 100000
-max_tokens = 4096
-budget_tokens = 100000000000000
-budget_period = "1d"
-models = ["*"]
-keys = ["{hash_key(API_KEY)}"]
-
-[jwt]
-algorithms = ["HS256"]
-hs256_secret_env = "SLUICE_BENCH_JWT_SECRET"
-tenant_claim = "tenant"
-"""
-    )
-    return path
-
-
-def jwt_token() -> str:
-    import jwt
-
-    claims = {"tenant": "bench", "sub": "bench-user", "exp": int(time.time()) + 86400}
-    return jwt.encode(claims, JWT_SECRET, algorithm="HS256")
 
 
 def drop_redis_keys(prefix: str) -> None:
@@ -454,6 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one short repeat: a smoke test")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--policies", action="store_true", help="add the policies-on gateways")
+    p.add_argument("--safety", action="store_true", help="add the safety-window gateways")
     p.add_argument("--compare", metavar="TREE", help="also run the gateway of this source tree")
     args = p.parse_args(argv)
     if args.quick:
@@ -485,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows, args))
         if args.policies:
             print("\n" + policies_table(rows))
+        if args.safety:
+            print("\n" + safety_table(rows))
         if args.compare:
             print("\n" + compare_table(rows))
     return 1 if any(r["failed"] for r in rows) else 0

@@ -66,7 +66,9 @@ async def run_cell(session: aiohttp.ClientSession, cell: dict) -> dict:
                 errors.append(type(exc).__name__)
                 continue
             frames += got
-            if status != 200 or got != cell["chunks"] or first is None:
+            # a safety window merges what it held: then any number of frames is whole
+            wrong = got != cell["chunks"] if cell.get("exact_chunks", True) else got < 1
+            if status != 200 or wrong or first is None:
                 errors.append(f"status {status}, {got} content frames")
             else:
                 ttfts.append(first)

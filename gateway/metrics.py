@@ -11,6 +11,8 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 TAIL_TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SAFETY_ACTIONS = ("redact", "block", "checker_error")
 
 
 class LoopHistogram:
@@ -169,6 +171,19 @@ class GatewayMetrics:
             "Requests answered from the run an earlier request with the same key started.",
             registry=r,
         )
+        actions = Counter(
+            "sluice_safety_actions_total",
+            "What safety windows did: spans redacted, runs blocked, checkers that failed.",
+            ["action"],
+            registry=r,
+        )
+        hold = LoopHistogram(
+            "sluice_safety_hold_seconds",
+            "How long released text waited in a safety window (per upstream delta).",
+            HOLD_BUCKETS,
+            r,
+        )
+        self.safety = SafetyMeter(actions, hold)
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         """The gateway process: its local workers and what it holds in memory."""
@@ -197,3 +212,20 @@ class GatewayMetrics:
             ["what"],
             registry=r,
         )
+
+
+class SafetyMeter:
+    """What the safety window reports, with the counters' children bound once (the window
+    observes a hold per streamed delta)."""
+
+    __slots__ = ("_actions", "_hold")
+
+    def __init__(self, actions: Counter, hold: LoopHistogram) -> None:
+        self._actions = {a: actions.labels(a) for a in SAFETY_ACTIONS}
+        self._hold = hold
+
+    def action(self, action: str) -> None:
+        self._actions[action].inc()
+
+    def held(self, seconds: float) -> None:
+        self._hold.observe(seconds)

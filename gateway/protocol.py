@@ -10,6 +10,7 @@ from typing import Any
 
 from adapters.requests import ChatRequest, Message
 from gateway.errors import invalid_request
+from gateway.runs.tool_calls import check_tool_parameters
 from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
 
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
@@ -190,6 +191,7 @@ def _parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                 f"Missing required parameter: 'tools[{i}].function.name'.",
                 code="missing_required_parameter",
             )
+    check_tool_parameters(tools)
     return tools
 
 

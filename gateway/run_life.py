@@ -69,6 +69,7 @@ class RunLife:
             principal=self.principal.label,
             deadlines=self.app[SETTINGS].deadlines(self.tenant.deadlines),
             started=request[STARTED],
+            safety=self.tenant.safety,
         )
         self.admission: Admission | None = None
 

@@ -23,14 +23,20 @@ from tomlkit.items import Array
 
 from policies.auth import generate_key, hash_key, key_id
 from policies.tenants_fields import Section, TenantsFileError
+from policies.tenants_safety import parse_policy
+from safety.policy import SafetyPolicy
 
 ALGORITHMS = ("HS256", "RS256", "ES256")
 DEADLINE_FIELDS = ("queue_timeout", "ttft_timeout", "inter_token_timeout", "total_timeout")
 _LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens", "budget_tokens")
-_TENANT_FIELDS = (*_LIMIT_FIELDS, "budget_period", "models", *DEADLINE_FIELDS, "keys")
-# NOTE: refused, not ignored, until the safety window exists: a policy the file names and
-# nothing enforces would be a promise the gateway does not keep.
-_NOT_YET = "safety windows are not available in this version of sluicegate; remove it"
+_TENANT_FIELDS = (
+    *_LIMIT_FIELDS,
+    "budget_period",
+    "models",
+    *DEADLINE_FIELDS,
+    "safety",
+    "keys",
+)
 _JWT_FIELDS = (
     "algorithms",
     "issuer",
@@ -80,6 +86,7 @@ class Tenant:
     models: tuple[str, ...] = ("*",)  # fnmatch globs
     deadlines: dict[str, float] = field(default_factory=dict)  # any of DEADLINE_FIELDS
     keys: tuple[KeyEntry, ...] = ()
+    safety: SafetyPolicy | None = None  # its [safety.NAME] policy; None: text is not checked
 
     def allows_model(self, model: str) -> bool:
         # NOTE: fnmatchcase, not fnmatch: model names are case-sensitive on every platform.
@@ -136,11 +143,14 @@ def _parse_text(text: str, path: Path) -> TenantsConfig:
 
 def _parse(raw: dict[str, Any], path: Path) -> TenantsConfig:
     top = Section(path, "top level")
-    if "safety" in raw:
-        top.fail("safety", _NOT_YET)
-    top.reject_unknown(raw, ("tenants", "jwt"))
+    top.reject_unknown(raw, ("tenants", "safety", "jwt"))
+    policies = {
+        name: parse_policy(name, table, path)
+        for name, table in _tables(raw, "safety", path).items()
+    }
     tenants = {
-        name: _tenant(name, table, path) for name, table in _tables(raw, "tenants", path).items()
+        name: _tenant(name, table, path, policies)
+        for name, table in _tables(raw, "tenants", path).items()
     }
     _check_unique_keys(tenants, path)
     jwt = _jwt(raw["jwt"], path) if "jwt" in raw else None
@@ -158,11 +168,15 @@ def _tables(raw: dict[str, Any], name: str, path: Path) -> dict[str, dict]:
     return value
 
 
-def _tenant(name: str, table: dict[str, Any], path: Path) -> Tenant:
+def _tenant(
+    name: str, table: dict[str, Any], path: Path, policies: dict[str, SafetyPolicy]
+) -> Tenant:
     where = Section(path, f"tenant {name!r}", tenant=name)
-    if "safety" in table:
-        where.fail("safety", _NOT_YET)
     where.reject_unknown(table, _TENANT_FIELDS)
+    safety = where.text(table, "safety")
+    if safety is not None and safety not in policies:
+        known = ", ".join(sorted(policies)) or "none are defined"
+        where.fail("safety", f"no [safety.{safety}] policy (defined: {known})")
     limits = {f: where.positive_int(table, f) for f in _LIMIT_FIELDS}
     period = where.seconds(table, "budget_period", allow_zero=False)
     if (period is None) != (limits["budget_tokens"] is None):
@@ -176,6 +190,7 @@ def _tenant(name: str, table: dict[str, Any], path: Path) -> Tenant:
         models=("*",) if models is None else models,
         deadlines={f: s for f, s in deadlines.items() if s is not None},
         keys=_keys(table.get("keys", []), where),
+        safety=None if safety is None else policies[safety],
     )
 
 

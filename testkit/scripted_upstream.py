@@ -4,8 +4,10 @@ Default behaviour: `POST /v1/chat/completions` streams `max_tokens` (default 16)
 "token" each, `delay_ms` apart (from `metadata.delay_ms` or the server default), then a usage
 chunk and `[DONE]`; non-streaming requests get one `chat.completion`. Tests can install a raw
 script for a model: a list of byte strings to write and float delays, so chunk boundaries can fall
-inside words and UTF-8 code points. Every request is recorded, with whether the client hung up
-before the end.
+inside words and UTF-8 code points, or a function of the request body that returns one (to answer
+a conversation's turns differently). `tool_call_script` streams tool calls with their arguments in
+fragments, as an OpenAI-compatible server does. Every request is recorded, with whether the client
+hung up before the end.
 
 Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,7 @@ import orjson
 from aiohttp import web
 
 Raw = list[bytes | float]
+Script = Raw | Callable[[dict[str, Any]], Raw]  # a function of the request body
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Record:
 @dataclass
 class UpstreamState:
     delay_ms: float = 0.0
-    scripts: dict[str, Raw] = field(default_factory=dict)
+    scripts: dict[str, Script] = field(default_factory=dict)
     status_for: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
 
@@ -64,6 +68,24 @@ def _chunk(
             {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         ],
     }
+
+
+def _usage_chunk(cid: str, model: str, prompt: int, completion: int) -> bytes:
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    return sse(
+        {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
+    )
 
 
 def _logprobs(token: str, top: int) -> dict:
@@ -96,21 +118,39 @@ def token_script(
             lp = None if top_logprobs is None else _logprobs(text, top_logprobs)
             out.append(sse(_chunk(cid, model, {"content": text}, index=index, logprobs=lp)))
     out += [sse(_chunk(cid, model, {}, "length", index=i)) for i in range(n)]
-    usage = {"prompt_tokens": 7, "completion_tokens": tokens * n, "total_tokens": 7 + tokens * n}
-    out.append(
-        sse(
-            {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [],
-                "usage": usage,
-            }
-        )
-    )
-    out.append(b"data: [DONE]\n\n")
+    out += [_usage_chunk(cid, model, 7, tokens * n), b"data: [DONE]\n\n"]
     return coalesce(out)
+
+
+def _split(text: str, pieces: int) -> list[str]:
+    """`text` in `pieces` consecutive parts (some empty when it is shorter)."""
+    size = -(-len(text) // pieces) if text else 0
+    return [text[k * size : (k + 1) * size] for k in range(pieces)]
+
+
+def tool_call_script(
+    cid: str,
+    model: str,
+    calls: list[tuple[str, str, str]],
+    pieces: int = 20,
+    finish: str | None = "tool_calls",
+    index: int = 0,
+) -> Raw:
+    """Role, then each call of `calls` (id, name, arguments) as OpenAI streams it: one chunk
+    with its index, id and name, then its arguments in `pieces` chunks, each its own write;
+    then the finish (none when `finish` is None), usage and `[DONE]`."""
+    out: Raw = [sse(_chunk(cid, model, {"role": "assistant", "content": None}, index=index))]
+    for k, (call_id, name, arguments) in enumerate(calls):
+        head = {"index": k, "id": call_id, "type": "function"}
+        head["function"] = {"name": name, "arguments": ""}
+        out.append(sse(_chunk(cid, model, {"tool_calls": [head]}, index=index)))
+        for piece in _split(arguments, pieces):
+            fragment = {"index": k, "function": {"arguments": piece}}
+            out += [0.0, sse(_chunk(cid, model, {"tool_calls": [fragment]}, index=index))]
+    if finish is not None:
+        out.append(sse(_chunk(cid, model, {}, finish, index=index)))
+    out += [_usage_chunk(cid, model, 7, 9), b"data: [DONE]\n\n"]
+    return out
 
 
 def coalesce(script: Raw) -> Raw:
@@ -143,7 +183,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     delay_ms = float((body.get("metadata") or {}).get("delay_ms", state.delay_ms))
     cid = "chatcmpl-upstream"
     top = body.get("top_logprobs") if body.get("logprobs") else None
-    script = state.scripts.get(model) or token_script(
+    script = state.scripts.get(model)
+    if callable(script):
+        script = script(body)
+    script = script or token_script(
         cid, model, tokens, delay_ms / 1000, int(body.get("n") or 1), top
     )
     if not body.get("stream"):

@@ -47,8 +47,11 @@ class RunAccounting:
 
     __slots__ = (
         "aborted_tokens",
+        "arrived_tokens",
         "confirmed_at",
+        "first_arrival_at",
         "first_token_at",
+        "last_arrival_at",
         "last_token_at",
         "metrics",
         "sent_tokens",
@@ -63,19 +66,36 @@ class RunAccounting:
     def __init__(self, metrics: GatewayMetrics, started: float) -> None:
         self.metrics = metrics
         self.started = started
-        self.first_token_at: float | None = None
+        self.first_token_at: float | None = None  # tokens reaching the log
         self.last_token_at: float | None = None
+        # tokens reaching the gateway (the deadlines watch the upstream, not a stage's hold)
+        self.first_arrival_at: float | None = None
+        self.last_arrival_at: float | None = None
         self.terminal_at: float | None = None
         self.confirmed_at: float | None = None  # the upstream confirmed an early stop
         self.sent_tokens = 0
+        self.arrived_tokens = 0  # reached the gateway while the run was live (sent or held)
         self.tail_tokens = 0
         self.aborted_tokens = 0  # generated, as the upstream's abort confirmations report
         self.upstream_tail_tokens = 0  # generated after the abort reached the upstream
         self.upstream_stop_ms: float | None = None  # abort arrival → the upstream's stop
         self.usage: Usage | None = None
 
+    def arrived(self, batch: list[Event]) -> None:
+        """A batch as it came from the upstream, before any stage held part of it back."""
+        now = None
+        for event in batch:
+            kind = type(event)
+            if kind is TextDelta:
+                self.arrived_tokens += event.tokens
+            if now is None and (kind is TextDelta or kind is ToolCallDelta):
+                now = time.monotonic()
+                if self.first_arrival_at is None:
+                    self.first_arrival_at = now
+                self.last_arrival_at = now
+
     def sent(self, batch: list[Event]) -> None:
-        """A batch whose chunks went into the run's log."""
+        """The events of a batch whose chunks went into the run's log."""
         now = time.monotonic()
         for event in batch:
             kind = type(event)
@@ -108,7 +128,7 @@ class RunAccounting:
 
     @property
     def generated_tokens(self) -> int:
-        counted = self.sent_tokens + self.tail_tokens
+        counted = self.arrived_tokens + self.tail_tokens  # what a stage held back included
         reported = self.usage.completion_tokens if self.usage else self.aborted_tokens
         return max(counted, reported)
 
@@ -145,6 +165,7 @@ class RunAccounting:
             ttft_s=None if self.first_token_at is None else self.first_token_at - self.started,
             e2e_s=(self.terminal_at or now) - self.started,
             tail_latency_s=tail_latency,
+            safety=None if spec.safety is None else spec.safety.label,
         )
 
 
@@ -174,6 +195,7 @@ def record_outcome(metrics: GatewayMetrics, outcome: RunOutcome) -> None:
         tenant=outcome.tenant,
         principal=outcome.principal,
         model=outcome.model,
+        safety=outcome.safety,
         status=PUBLIC_STATUS[terminal.status],
         cause=terminal.cause,
         finish_reason=reason,

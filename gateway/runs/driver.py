@@ -144,24 +144,25 @@ class RunDriver:
 
     async def run(self) -> RunOutcome:
         try:
-            if self.ending is None:
-                await self._drive()
-            else:  # stopped before the first step: nothing was started upstream
-                self.acct.confirmed_at = self.ending.at
+            try:
+                if self.ending is None:
+                    await self._drive()
+                else:  # stopped before the first step: nothing was started upstream
+                    self.acct.confirmed_at = self.ending.at
+            except asyncio.CancelledError as exc:
+                if exc.args != (_CLOSE,):  # the gateway is shutting down
+                    raise
+                self.phase = Phase.ENDED
+                asyncio.current_task().uncancel()  # our own: the stream is closed; settle
             if self._stopping is not None:
-                await asyncio.shield(self._stopping)  # it wrote the ending
-            if self.ending is None:
-                await self._complete()
-            else:
-                await self._write_ending()
-        except asyncio.CancelledError as exc:
+                await asyncio.shield(self._stopping)  # it wrote an early ending
+            await self._end()
+        except asyncio.CancelledError:
             self.phase = Phase.ENDED
-            if exc.args != (_CLOSE,):  # the gateway is shutting down
-                self.stop(RunStatus.FAILED, "shutdown")
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._write_ending())
-                raise
-            asyncio.current_task().uncancel()  # our own: the stream is closed, the run settles
+            self.stop(RunStatus.FAILED, "shutdown")
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._end())
+            raise
         except BACKEND_ERRORS as exc:
             self.phase = Phase.ENDED
             if self.ending is None:
@@ -171,13 +172,13 @@ class RunDriver:
                     await self._finish(refused, None)
                 else:  # after it: an error frame
                     self.stop(refused.status, refused.cause, error=refused.error)
-            await self._write_ending()
+            await self._end()
         except Exception as exc:  # the edge of the run's task: the store itself failed
             log.error("run failed in the gateway", run_id=self.run_id, error=type(exc).__name__)
             self.phase = Phase.ENDED
             self.stop(RunStatus.FAILED, "gateway_error")
             with contextlib.suppress(Exception):
-                await self._write_ending()
+                await self._end()
         finally:
             self.phase = Phase.ENDED
             self._cancel_timer()
@@ -185,6 +186,14 @@ class RunDriver:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopping)
         return await self._settle()
+
+    async def _end(self) -> None:
+        """Write the run's ending: the completion (also after a stage ended every choice
+        early, a safety block), or the early ending decided."""
+        if self.ending is None or self.ending.status is RunStatus.COMPLETED:
+            await self._complete()
+        else:
+            await self._write_ending()
 
     async def _drive(self) -> None:
         await self._advance(RunStatus.QUEUED)
@@ -224,7 +233,14 @@ class RunDriver:
             await self._advance(RunStatus.ADMITTED)
         if tokens and self.status < RunStatus.DECODING:
             await self._advance(RunStatus.DECODING)
-        chunks = self.pipeline.feed(batch)
+        had_token = self.acct.first_arrival_at is not None
+        self.acct.arrived(batch)
+        if not had_token and self.acct.first_arrival_at is not None:
+            self._arm()  # the first token starts the inter-token deadline
+        chunks, passed = await self.pipeline.feed(batch)
+        if self.phase is not Phase.STREAMING:  # stopped while a stage was judging the batch
+            self.acct.held_back(batch)
+            return True
         if chunks:
             try:
                 await self.store.append(self.run_id, chunks)
@@ -234,23 +250,39 @@ class RunDriver:
                 # (it saw this replica's lease lapse): stop the upstream all the same.
                 self.stop(RunStatus.FAILED, "ended_elsewhere", "lost")
                 return True
-        had_token = self.acct.first_token_at is not None
-        self.acct.sent(batch)
-        if not had_token and self.acct.first_token_at is not None:
-            self._arm()  # the first token starts the inter-token deadline
+        self.acct.sent(passed)
+        origin = "upstream"
+        if failure is None and (failure := _stage_failure(passed)) is not None:
+            origin = "stage"  # a stage refused what it saw (an invalid tool call)
         if failure is None:
+            if (source := self.pipeline.stop_source) is not None:
+                self.stop(RunStatus.COMPLETED, f"stage:{source}", source)
             return True
-        error = {"message": failure.message, "type": failure.type, "param": None}
-        self.stop(
-            RunStatus.FAILED, f"upstream:{failure.code}", error=error | {"code": failure.code}
-        )
+        self.stop(RunStatus.FAILED, f"{origin}:{failure.code}", error=_error_body(failure))
         return False
 
     async def _complete(self) -> None:
-        """The upstream finished: the rest of the stages, the usage chunk, the object."""
-        self.ending = Ending(RunStatus.COMPLETED, "completed", None, time.monotonic())
+        """The upstream finished (or a stage ended every choice): the rest of the stages, the
+        usage chunk, the object."""
+        if self.ending is None:
+            self.ending = Ending(RunStatus.COMPLETED, "completed", None, time.monotonic())
         await self._advance(RunStatus.FINALIZING)
-        chunks = self.pipeline.finish()
+        chunks, released = await self.pipeline.finish()
+        if (failure := _stage_failure(released)) is not None:  # what a stage held was refused
+            if chunks:
+                with contextlib.suppress(LogClosed):
+                    await self.store.append(self.run_id, chunks)
+            self.ending = Ending(
+                RunStatus.FAILED,
+                f"stage:{failure.code}",
+                None,
+                time.monotonic(),
+                _error_body(failure),
+            )
+            await self._write_ending()
+            return
+        if self.pipeline.builder.usage is None and self.acct.usage is not None:
+            self.pipeline.builder.add(self.acct.usage)  # reported after an early stop
         if self.spec.chat.include_usage and (usage := self.pipeline.usage_chunk()) is not None:
             chunks.append(usage)
         if chunks:
@@ -259,7 +291,7 @@ class RunDriver:
         completion = self.pipeline.completion(int(time.time()))
         reason = self.pipeline.builder.finish_reason(0)
         record = TerminalRecord(
-            RunStatus.COMPLETED, "completed", reason, completion, at=time.time()
+            RunStatus.COMPLETED, self.ending.cause, reason, completion, at=time.time()
         )
         await self._finish(record, None)
 
@@ -268,6 +300,8 @@ class RunDriver:
         if self.terminal is not None or self.ending is None:
             return
         e = self.ending
+        if e.status is RunStatus.COMPLETED:  # a stage's early end: the run completes (_end)
+            return
         completion = None
         if self.pipeline.opened:
             completion = self.pipeline.completion(int(time.time()), early=True)
@@ -333,6 +367,17 @@ class RunDriver:
             self.acct.started,
             time.monotonic(),
             admitted=self.status >= RunStatus.ADMITTED,
-            first_token_at=self.acct.first_token_at,
-            last_token_at=self.acct.last_token_at,
+            first_token_at=self.acct.first_arrival_at,
+            last_token_at=self.acct.last_arrival_at,
         )
+
+
+def _stage_failure(events: list[Event]) -> ErrorEvent | None:
+    for event in events:
+        if type(event) is ErrorEvent:
+            return event
+    return None
+
+
+def _error_body(failure: ErrorEvent) -> dict:
+    return {"message": failure.message, "type": failure.type, "param": None, "code": failure.code}

@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.runs.driver import RunDriver, Settle
 from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
+from gateway.runs.stages import build_stages
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
     LogEvents,
@@ -35,6 +36,7 @@ from gateway.runs.store import (
 )
 from gateway.store_health import StoreHealth, patiently
 from gateway.tasks import stop_tasks
+from safety.moderation import ModerationClient
 
 log = structlog.get_logger("sluice.runs")
 T = TypeVar("T")
@@ -72,6 +74,7 @@ class RunManager:
         self.drivers: dict[str, RunDriver] = {}
         self._grace: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.moderation = ModerationClient()  # remote safety checks: one HTTP session
 
     # -- life of the replica --------------------------------------------------------------------
 
@@ -91,6 +94,7 @@ class RunManager:
         # --redis-timeout), so drivers get longer than the replica's own loops
         await stop_tasks(list(self._tasks))
         await stop_tasks([d.task for d in self.drivers.values()], within=SHUTDOWN_WITHIN)
+        await self.moderation.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -133,6 +137,8 @@ class RunManager:
         record = RunRecord(
             spec.run_id, spec.tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
+        if spec.safety is not None:  # what policy judged this run's text (design §3)
+            record.meta["safety"] = {"policy": spec.safety.name, "digest": spec.safety.digest}
         await self.store.create(record)
         driver = RunDriver(
             spec,
@@ -140,6 +146,7 @@ class RunManager:
             metrics=self.metrics,
             confirm_timeout=self.confirm_timeout,
             settle=settle,
+            stages=build_stages(spec, self.metrics, self.moderation),
             created=int(record.created),
         )
         self.drivers[spec.run_id] = driver

@@ -1,10 +1,11 @@
 """A run's pipeline, built in one place: adapter events → stages → renderer → the event log.
 
 A stage sits between the upstream and the log and may change, hold back or drop what passes
-(the safety window is the next one: it holds text until its checkers pass it). Whatever a stage
-lets through is rendered into chunks for the log and added to the completion object, so the
-log, a resume, a replay and the stored object all hold exactly what the stages released.
-Adding a stage is one class with `feed` and `finish`, and one entry in the list.
+(the safety window holds text until its checkers pass it; the tool-call stage holds a call
+until it is whole and valid). Whatever a stage lets through is rendered into chunks for the log
+and added to the completion object, so the log, a resume, a replay and the stored object all
+hold exactly what the stages released. Adding a stage is one class with `feed` and `finish`,
+and one entry in `gateway/runs/stages.py`. Stages are async: a checker may ask a remote service.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from gateway.runs.store import Chunk, log_chunk
 
 
 class Stage(Protocol):
-    """One step between the adapter and the log."""
+    """One step between the adapter and the log. `stop_source` is set by a stage that ended
+    every choice itself (a safety block): the driver then stops the upstream, with that as the
+    cancel source, and completes the run."""
 
-    def feed(self, events: list[Event]) -> list[Event]:
+    stop_source: str | None
+
+    async def feed(self, events: list[Event]) -> list[Event]:
         """What may pass now of these events (and of any held back before)."""
 
-    def finish(self) -> list[Event]:
+    async def finish(self) -> list[Event]:
         """The upstream is done: what is still held, to pass or drop before the ending."""
 
 
@@ -42,28 +47,36 @@ class RunPipeline:
         self.builder = CompletionBuilder(n)
         self.opened = False  # the role chunks are in the log
 
-    def feed(self, events: list[Event]) -> list[Chunk]:
-        """The chunks for a batch of upstream events: the role chunks first (when the upstream
-        accepted the run, or with its first chunk), then what the stages let through."""
+    async def feed(self, events: list[Event]) -> tuple[list[Chunk], list[Event]]:
+        """The chunks for a batch of upstream events (the role chunks first, when the upstream
+        accepted the run, or with its first chunk), and the events the stages let through."""
         chunks: list[Chunk] = []
         if not self.opened and any(type(e) is Accepted for e in events):
             chunks += self._open()
         for stage in self.stages:
-            events = stage.feed(events)
+            events = await stage.feed(events)
         for event in events:
             chunk = self._render(event)
             if chunk is not None:
                 if not self.opened:
                     chunks += self._open()
                 chunks.append(chunk)
-        return chunks
+        return chunks, events
 
-    def finish(self) -> list[Chunk]:
+    async def finish(self) -> tuple[list[Chunk], list[Event]]:
         """The upstream is done: what the stages still held."""
         events: list[Event] = []
         for stage in self.stages:
-            events = stage.feed(events) + stage.finish()
-        return [c for e in events if (c := self._render(e)) is not None]
+            events = await stage.feed(events) + await stage.finish()
+        return [c for e in events if (c := self._render(e)) is not None], events
+
+    @property
+    def stop_source(self) -> str | None:
+        """Why the upstream should stop although it has not finished (a stage ended the run)."""
+        for stage in self.stages:
+            if stage.stop_source is not None:
+                return stage.stop_source
+        return None
 
     def usage_chunk(self) -> Chunk | None:
         usage = self.builder.usage

@@ -14,6 +14,7 @@ from adapters.requests import ChatRequest
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.status import RunStatus
 from gateway.runs.store import TerminalRecord
+from safety.policy import SafetyPolicy
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,6 +26,7 @@ class RunSpec:
     principal: str = ""  # who to bill inside the tenant: a key id or "jwt:<sub>"
     deadlines: Deadlines = field(default_factory=Deadlines)
     started: float = 0.0  # time.monotonic() when the request was received
+    safety: SafetyPolicy | None = None  # the tenant's policy, as it was when the run began
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +52,7 @@ class RunOutcome:
     ttft_s: float | None
     e2e_s: float
     tail_latency_s: float | None  # last token → terminal state recorded
+    safety: str | None = None  # the policy that judged its text, as `name@digest12`
 
     @property
     def status(self) -> RunStatus:

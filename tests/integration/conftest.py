@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.local_worker import free_port
+from testkit.scripted_upstream import UpstreamState, make_app
 from tests.support.processes import stop, wait_ready
 
 
@@ -21,3 +22,11 @@ def scripted_upstream() -> Iterator[str]:
     wait_ready(proc, f"http://127.0.0.1:{port}/v1/models")
     yield f"http://127.0.0.1:{port}/v1"
     stop(proc)
+
+
+@pytest.fixture
+async def upstream(aiohttp_server):
+    """An in-process scripted upstream: its state (scripts, records) and its base URL."""
+    state = UpstreamState()
+    server = await aiohttp_server(make_app(state))
+    return state, f"http://127.0.0.1:{server.port}/v1"

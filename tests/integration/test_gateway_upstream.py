@@ -6,18 +6,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.scripted_upstream import UpstreamState, make_app, sse
+from testkit.scripted_upstream import sse
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
 from tests.support.waiting import until
 
 SECRET = "upstream-internal-detail-7f3a"
-
-
-@pytest.fixture
-async def upstream(aiohttp_server):
-    state = UpstreamState()
-    server = await aiohttp_server(make_app(state))
-    return state, f"http://127.0.0.1:{server.port}/v1"
 
 
 @pytest.fixture

@@ -85,9 +85,52 @@ def test_the_design_example_loads(tmp_path):
     assert config.path == str(tmp_path / "tenants.toml")
 
 
-def test_safety_policies_are_refused_until_the_window_exists(tmp_path):
-    error = load_error(tmp_path, '[safety.default]\nmode = "chars"\n')
-    assert "safety" in str(error) and "not available in this version" in str(error)
+def test_a_tenant_names_its_safety_policy_and_gets_it_compiled(tmp_path):
+    text = (
+        '[safety.strict]\nmode = "sentence"\nwindow_chars = 64\n'
+        'block_terms = ["Project Nightingale", "/\\\\bcodename-\\\\d+/"]\n'
+        'redact = ["email", "card"]\nmoderation_url = "http://127.0.0.1:9/v1/moderations"\n'
+        'on_error = "allow"\n'
+        '[tenants.acme]\nsafety = "strict"\n[tenants.free]\n'
+    )
+    config = load_tenants(write(tmp_path, text))
+    policy = config.tenants["acme"].safety
+    assert config.tenants["free"].safety is None
+    assert (policy.name, policy.mode, policy.window_chars) == ("strict", "sentence", 64)
+    assert policy.redact == ("email", "card")
+    assert policy.block_pattern.search("our PROJECT nightingale plan")
+    assert policy.block_pattern.search("see codename-42") and not policy.block_pattern.search(
+        "xcodename-42"
+    )
+    assert policy.moderation.on_error == "allow" and policy.moderation.timeout == 2.0
+    assert len(policy.digest) == 64 and policy.label == f"strict@{policy.digest[:12]}"
+    # the digest is of the content: the same policy under a reload has the same digest
+    assert load_tenants(write(tmp_path, text)).tenants["acme"].safety.digest == policy.digest
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ('mode = "words"', "mode", "expected one of chars, sentence"),
+        ("window_chars = -1", "window_chars", "at least 0"),
+        ('block_terms = ["/(unclosed/"]', "block_terms", "not a valid regex"),
+        ('block_terms = ["/x*/"]', "block_terms", "matches the empty text"),
+        ('redact = ["ssn"]', "redact", "unknown detector 'ssn'"),
+        ('on_error = "allow"', "on_error", "only means something with moderation_url"),
+        ('moderation_url = "ftp://x"', "moderation_url", "http(s) URL"),
+        ('moderation_url = "http://x"\non_error = "maybe"', "on_error", "block or allow"),
+        ("windows = 3", "windows", "did you mean 'window_chars'"),
+    ],
+)
+def test_every_safety_policy_error_names_the_policy_and_the_field(tmp_path, body, field, words):
+    error = load_error(tmp_path, f"[safety.strict]\n{body}\n")
+    assert error.field == field
+    assert "[safety.strict]" in str(error) and words in str(error)
+
+
+def test_a_tenant_naming_an_undefined_policy_is_refused(tmp_path):
+    error = load_error(tmp_path, '[safety.strict]\n[tenants.acme]\nsafety = "strct"\n')
+    assert error.field == "safety" and "no [safety.strct] policy (defined: strict)" in str(error)
 
 
 def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path):
@@ -112,7 +155,7 @@ def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path)
         ('budget_tokens = 1000\nbudget_period = "0s"', "budget_period", "positive"),
         ('models = "gpt-*"', "models", "list of non-empty strings"),
         ("models = [1]", "models", "list of non-empty strings"),
-        ('safety = "strict"', "safety", "not available in this version"),
+        ('safety = "strict"', "safety", "no [safety.strict] policy"),
         ("queue_timeout = -1", "queue_timeout", "at least 0"),
         ('ttft_timeout = "soon"', "ttft_timeout", "duration"),
         (f'keys = "{HASH_A}"', "keys", "list of key hashes"),

@@ -1,0 +1,104 @@
+"""The checker interface and the built-in checkers.
+
+A checker sees the window's text (a little released context, then the held text) and answers
+with a `Verdict`: how far the held text may be released as far as it is concerned, which spans
+to redact, or a block. The window releases the least any checker allows (design §3), so a
+checker that needs to see more before it can judge simply answers a shorter `safe`.
+
+Adding a checker is one class with `check` and one entry in `CHECKERS` (safety/policy.py builds
+a policy's checkers from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import regex
+
+from safety.detectors import DETECTORS
+
+Span = tuple[int, int]
+
+
+@dataclass(slots=True)
+class Verdict:
+    """`safe`: text before this offset may go (no match can still begin before it); `redact`:
+    spans, final, to replace with [REDACTED]; `block`: why the run must stop (None: it need
+    not). Offsets are into the text the checker was shown."""
+
+    safe: int
+    redact: list[Span] = field(default_factory=list)
+    block: str | None = None
+    error: bool = False  # the checker failed (a remote one timed out, …); `block` says the upshot
+
+
+@dataclass(slots=True, frozen=True)
+class Held:
+    """What a checker is shown: `text[start:]` is the held text, `text[:start]` released context
+    (for lookbehind); `offset` is where `text` begins in the choice's whole text; `final`:
+    nothing more will follow it."""
+
+    text: str
+    start: int
+    final: bool = False
+    offset: int = 0
+
+
+class Checker(Protocol):
+    name: str
+
+    async def check(self, held: Held) -> Verdict:
+        """The checker's verdict on the held text."""
+
+
+def scan(
+    pattern: regex.Pattern[str],
+    text: str,
+    start: int,
+    final: bool,
+    valid: Callable[[str], bool] | None = None,
+) -> tuple[int, list[Span]]:
+    """The matches of `pattern` in `text[start:]` that are settled, and how far the text is
+    clear: a match that touches the end could still grow, and a tail that could begin a match
+    (regex's partial matching) may yet become one, so the text is clear only up to them."""
+    end = len(text)
+    safe, spans = end, []
+    for m in pattern.finditer(text, pos=start, partial=not final):
+        a, b = m.span()
+        if m.partial or (b == end and not final):
+            if a < end:
+                safe = a
+            break
+        if valid is None or valid(m.group()):
+            spans.append((a, b))
+    return safe, spans
+
+
+class BlockTerms:
+    """Terms and regexes that end the run (`content_filter`) the moment one appears."""
+
+    name = "block_terms"
+
+    def __init__(self, pattern: regex.Pattern[str]) -> None:
+        self.pattern = pattern
+
+    async def check(self, held: Held) -> Verdict:
+        safe, spans = scan(self.pattern, held.text, held.start, held.final)
+        if spans:
+            return Verdict(spans[0][0], block=self.name)
+        return Verdict(safe)
+
+
+class Redactor:
+    """One built-in detector (e-mail, phone, card, secret): its matches become [REDACTED]."""
+
+    def __init__(self, detector: str) -> None:
+        self.detector = DETECTORS[detector]
+        self.name = f"redact:{detector}"
+
+    async def check(self, held: Held) -> Verdict:
+        d = self.detector
+        safe, spans = scan(d.pattern, held.text, held.start, held.final, d.valid)
+        return Verdict(safe, redact=spans)
