@@ -36,9 +36,10 @@ class Verdict:
 
 @dataclass(slots=True, frozen=True)
 class Held:
-    """What a checker is shown: `text[start:]` is the held text, `text[:start]` released context
-    (for lookbehind); `offset` is where `text` begins in the choice's whole text; `final`:
-    nothing more will follow it."""
+    """What a checker is shown: `text[start:]` is the held text it has not judged yet (a checker
+    goes on from where its last verdict left it), `text[:start]` is context (released, or judged
+    before: for lookbehind); `offset` is where `text` begins in the choice's whole text;
+    `final`: nothing more will follow it."""
 
     text: str
     start: int
@@ -61,13 +62,16 @@ def scan(
     valid: Callable[[str], bool] | None = None,
 ) -> tuple[int, list[Span]]:
     """The matches of `pattern` in `text[start:]` that are settled, and how far the text is
-    clear: a match that touches the end could still grow, and a tail that could begin a match
-    (regex's partial matching) may yet become one, so the text is clear only up to them."""
+    clear. A tail that could begin a match (regex's partial matching) may yet become one, and a
+    match could still grow if what follows it so far might lead into a longer one (a greedy
+    pattern: `a@b.co` before `.uk` arrives), so the text is clear only up to them."""
     end = len(text)
     safe, spans = end, []
     for m in pattern.finditer(text, pos=start, partial=not final):
         a, b = m.span()
-        if m.partial or (b == end and not final):
+        if not final and (
+            m.partial or b == end or pattern.fullmatch(text, pos=a, partial=True) is not None
+        ):
             if a < end:
                 safe = a
             break

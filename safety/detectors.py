@@ -49,8 +49,9 @@ _SECRET = "|".join(
         r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
         r"\bAIza[0-9A-Za-z_\-]{35}",  # Google API keys
         r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
-        # a PEM block, header to footer; a header alone (the key still streaming) is held
-        r"-----BEGIN [A-Z0-9 ]{1,40}-----[\s\S]{0,8192}?-----END [A-Z0-9 ]{1,40}-----",
+        # a PEM block, header to footer (a base64 body cannot run past its footer); a header
+        # alone, the key still streaming, is held
+        r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,8192}-----END [A-Z0-9 ]{1,40}-----",
     )
 )
 

@@ -23,6 +23,11 @@ from safety.moderation import ModerationClient
 from safety.policy import REDACTION, SafetyPolicy
 
 _CONTEXT = 64  # released characters kept for lookbehind
+# NOTE: a verdict stays true as text is appended (no match can begin before a checker's `safe`,
+# whatever follows, and settled spans stay settled), so the checkers are asked again only when
+# the window would release past what they judged, or this much new text came: a block is still
+# found within a few tokens of its arrival (and the upstream stopped), at a fraction of the CPU.
+_RESCAN_CHARS = 16
 # a sentence ends at . ! ? or an ellipsis, maybe closed by quotes or brackets, before a space;
 # at a CJK full stop, exclamation or question mark (no space follows those); or at a line break
 _SENTENCE_END = regex.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f]+|\n")
@@ -39,11 +44,15 @@ class ChoiceWindow:
         "ctx",
         "finished",
         "index",
+        "judged",
+        "judged_spans",
         "meter",
         "offset",
         "pending",
         "policy",
+        "progress",
         "redacted",
+        "scanned_front",
     )
 
     def __init__(
@@ -61,6 +70,11 @@ class ChoiceWindow:
         self.redacted: list[Span] = []  # spans replaced so far, in the whole text
         self.finished = False
         self.blocked = False
+        # the checkers' last verdict, in the whole text: judged up to here, with these spans
+        self.judged = 0
+        self.judged_spans: list[Span] = []
+        self.scanned_front = 0
+        self.progress = [0] * len(checkers)  # how far each checker has judged the text
 
     async def add(self, delta: TextDelta) -> list[Event]:
         if self.finished:
@@ -83,40 +97,58 @@ class ChoiceWindow:
         return out
 
     async def _release(self, final: bool) -> list[Event]:
-        buf, ctx = self.buf, self.ctx
-        if len(buf) == ctx and not final:
+        buf, ctx, offset = self.buf, self.ctx, self.offset
+        front = offset + len(buf)
+        if front == offset + ctx and not final:
             return []
-        held = Held(buf, ctx, final, self.offset)
-        safe, spans, blocked = len(buf), [], False
-        for checker in self.checkers:
-            verdict = await checker.check(held)
-            if verdict.error:
-                self.meter.action("checker_error")
-            blocked = blocked or verdict.block is not None
-            if verdict.safe < safe:
-                safe = verdict.safe
-            spans += verdict.redact
-        if blocked:  # what came before the offending text was judged: it goes, then the block
-            limit = safe
-        elif final:
-            limit = len(buf)
-        else:
-            limit = min(safe, self._window_limit(buf, ctx, safe))
+        judged = self.judged - offset
+        limit = len(buf) if final else self._window_limit(buf, ctx, len(buf))
+        blocked = False
+        if final or limit > judged or front - self.scanned_front >= _RESCAN_CHARS:
+            blocked = await self._judge(final)
+            judged = self.judged - offset
+            if blocked:  # what came before the offending text was judged: it goes, then the block
+                limit = judged
+            elif not final:
+                limit = self._window_limit(buf, ctx, judged)
+        limit = min(limit, judged)
+        spans = [(a - offset, b - offset) for a, b in self.judged_spans]
         for a, b in spans:  # a settled span is released whole or not at all
             if a < limit < b:
                 limit = a
         out: list[Event] = []
         if limit > ctx:
-            out.append(self._emit(buf, ctx, limit, [s for s in spans if s[1] <= limit]))
+            if spans:
+                spans = [s for s in spans if ctx <= s[0] and s[1] <= limit]
+            out.append(self._emit(buf, ctx, limit, spans))
         if blocked:
             out += self._block()
         return out
 
-    def _window_limit(self, buf: str, ctx: int, safe: int) -> int:
+    async def _judge(self, final: bool) -> bool:
+        """Ask every checker about the text it has not judged yet (each goes on from where its
+        last verdict left it); keep how far the text is judged and the spans to redact;
+        whether one blocked."""
+        buf, offset, ctx = self.buf, self.offset, self.ctx
+        blocked = False
+        for i, checker in enumerate(self.checkers):
+            start = max(ctx, self.progress[i] - offset)
+            verdict = await checker.check(Held(buf, start, final, offset))
+            if verdict.error:
+                self.meter.action("checker_error")
+            blocked = blocked or verdict.block is not None
+            self.progress[i] = offset + verdict.safe
+            if verdict.redact:
+                self.judged_spans += [(offset + a, offset + b) for a, b in verdict.redact]
+        self.judged = min(self.progress, default=offset + len(buf))
+        self.scanned_front = offset + len(buf)
+        return blocked
+
+    def _window_limit(self, buf: str, ctx: int, judged: int) -> int:
         behind = len(buf) - self.policy.window_chars
-        if self.policy.mode == "sentence":
+        if self.policy.mode == "sentence" and judged > ctx:
             end = ctx
-            for m in _SENTENCE_END.finditer(buf, ctx, safe):
+            for m in _SENTENCE_END.finditer(buf, ctx, judged):
                 end = m.end()
             return max(end, behind)
         return behind
@@ -143,6 +175,11 @@ class ChoiceWindow:
                 logprobs = (logprobs or []) + self._logprobs(start, end, lps)
         cut = max(0, limit - _CONTEXT)
         self.buf, self.ctx, self.offset = buf[cut:], limit - cut, self.offset + cut
+        if self.redacted:
+            oldest = self.pending[0][0] if self.pending else released
+            self.redacted = [s for s in self.redacted if s[1] > oldest]
+        if self.judged_spans:
+            self.judged_spans = [s for s in self.judged_spans if s[0] >= released]
         return TextDelta("".join(parts), self.index, tokens, logprobs)
 
     def _logprobs(self, start: int, end: int, entries: list) -> list:
@@ -185,19 +222,24 @@ class SafetyWindow:
 
     async def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
+        ended = False  # a choice finished or was blocked: maybe none is live now
         for event in events:
             kind = type(event)
             if kind is TextDelta:
-                out += await self._window(event.index).add(event)
+                window = self._window(event.index)
+                out += await window.add(event)
+                ended = ended or window.blocked
             elif kind is Finish or kind is ToolCallDelta:
                 window = self._window(event.index)
+                ended = True
                 if not window.blocked:
                     out += await window.close() if kind is Finish else await window.flush()
                 if not window.blocked:  # the check before it may have blocked
                     out.append(event)
             else:
                 out.append(event)
-        self._note_blocks()
+        if ended:
+            self._note_blocks()
         return out
 
     async def finish(self) -> list[Event]:
