@@ -76,15 +76,20 @@ class ChoiceWindow:
         self.scanned_front = 0
         self.progress = [0] * len(checkers)  # how far each checker has judged the text
 
-    async def add(self, delta: TextDelta) -> list[Event]:
+    def add(self, delta: TextDelta) -> bool:
+        """Hold a delta; whether there is new text to judge (`release` then judges it)."""
         if self.finished:
-            return []
+            return False
         start = self.offset + len(self.buf)
         self.buf += delta.text
         self.pending.append(
             (start, start + len(delta.text), delta.tokens, delta.logprobs, time.monotonic())
         )
-        return await self._release(final=False)
+        return True
+
+    async def release(self) -> list[Event]:
+        """What of the held text may go now (judged once for all the deltas added since)."""
+        return [] if self.finished else await self._release(final=False)
 
     async def flush(self) -> list[Event]:
         """Something other than text follows (a tool call): check what is held, release it."""
@@ -223,14 +228,16 @@ class SafetyWindow:
     async def feed(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
         ended = False  # a choice finished or was blocked: maybe none is live now
+        added: dict[int, ChoiceWindow] = {}  # held new text, judged once at the batch's end
         for event in events:
             kind = type(event)
             if kind is TextDelta:
                 window = self._window(event.index)
-                out += await window.add(event)
-                ended = ended or window.blocked
+                if window.add(event):
+                    added[event.index] = window
             elif kind is Finish or kind is ToolCallDelta:
                 window = self._window(event.index)
+                added.pop(event.index, None)
                 ended = True
                 if not window.blocked:
                     out += await window.close() if kind is Finish else await window.flush()
@@ -238,6 +245,9 @@ class SafetyWindow:
                     out.append(event)
             else:
                 out.append(event)
+        for window in added.values():
+            out += await window.release()
+            ended = ended or window.blocked
         if ended:
             self._note_blocks()
         return out
