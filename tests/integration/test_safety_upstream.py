@@ -149,6 +149,8 @@ async def test_secrets_cards_and_emails_split_across_chunks_are_redacted_everywh
     whole = await (await post(client, strict)).json()
     assert whole["choices"][0]["message"]["content"] == expected
     assert metric(client, "sluice_safety_actions_total", action="redact") == 6
+    # every upstream delta released waited in the window, and that wait was measured
+    assert metric(client, "sluice_safety_hold_seconds_count") == 2 * len(pieces)
 
 
 async def test_sentence_mode_releases_whole_sentences(aiohttp_client, tmp_path, upstream):
