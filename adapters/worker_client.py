@@ -4,11 +4,16 @@ Two ways to abort: `abort()` asks the worker in-band (`POST /v1/abort`) and the 
 confirms with the `finish`/`abort` lines, which report what the abort cost; closing the response
 (the iterator being closed or cancelled) drops the connection, which the worker also treats as an
 abort at its next step boundary, but nothing comes back.
+
+Response formats and tools are the worker's to enforce (docs/worker-api.md): the adapter passes
+them on, and turns the worker's whole `tool_call` lines into tool-call deltas with an OpenAI id.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
@@ -22,14 +27,24 @@ from adapters.events import (
     Event,
     Finish,
     TextDelta,
+    ToolCallDelta,
     Usage,
 )
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 from workers import api
-from workers.sampling_params import SamplingParams
+from workers.output_spec import parse_response_format, parse_tools
+from workers.sampling_params import InvalidParam, SamplingParams
 
-_PASSED_CODES = frozenset({"context_length_exceeded", "invalid_type", "invalid_value"})
+_PASSED_CODES = frozenset(
+    {
+        "context_length_exceeded",
+        "invalid_type",
+        "invalid_value",
+        "unsupported_parameter",
+        "schema_too_complex",
+    }
+)
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
@@ -47,8 +62,23 @@ def generate_request(request: ChatRequest, request_id: str) -> api.GenerateReque
         logprobs=request.logprobs,
         top_logprobs=request.top_logprobs,
     )
-    messages = [{"role": m.role, "content": m.content or ""} for m in request.messages]
-    return api.GenerateRequest(request_id, messages, params)
+    messages = [_message(m.to_dict()) for m in request.messages]
+    try:
+        response_format = parse_response_format(request.response_format)
+        tools = parse_tools(request.tools, request.tool_choice)
+    except InvalidParam as e:  # a shape the gateway let through but the worker cannot take
+        raise BackendRejected(str(e), e.param) from None
+    return api.GenerateRequest(request_id, messages, params, response_format, tools)
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    """The worker's message: string content, tool fields only where set."""
+    return {**message, "content": message.get("content") or ""}
+
+
+def call_id() -> str:
+    """An OpenAI-style tool call id."""
+    return "call_" + secrets.token_urlsafe(18)
 
 
 def to_event(line: api.Line) -> Event:
@@ -56,6 +86,8 @@ def to_event(line: api.Line) -> Event:
     kind = type(line)
     if kind is api.TextLine:
         return TextDelta(line.text, line.index, line.tokens, line.logprobs)
+    if kind is api.ToolCallLine:
+        return ToolCallDelta(line.call_index, line.arguments, call_id(), line.name, line.index)
     if kind is api.FinishLine:
         if line.reason == "abort":
             return Aborted(
@@ -123,12 +155,7 @@ class WorkerAdapter:
             return False
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
-        if request.tools:
-            return "tools"
-        if request.tool_choice not in (None, "none"):
-            return "tool_choice"
-        if request.response_format and request.response_format.get("type") != "text":
-            return "response_format"
+        """Nothing: tools, tool_choice and response_format are enforced by the worker."""
         return None
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:

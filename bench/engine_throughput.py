@@ -7,7 +7,10 @@ Four rows, each in its own subprocess per dtype (a fresh interpreter, so memory 
   (c) transformers' continuous batching: an `init_continuous_batching` manager, its paged cache,
       `max_requests_per_batch` = the concurrency, transformers' other defaults;
   (d) sluicegate's `Engine` (built by `make_engine`), driven synchronously: add the requests,
-      `step()` until `has_unfinished()` is false; `max_num_seqs` = the concurrency.
+      `step()` until `has_unfinished()` is false; `max_num_seqs` = the concurrency;
+  (f) row (d) with every request under a JSON-schema constraint (llguidance's per-step mask,
+      workers/grammar_mask.py): an array of at least 10,000 mid-size objects, so no request
+      completes its JSON before `--max-new-tokens` and the workload is the same as (d)'s.
 
 At concurrency c a *wave* is c requests submitted together; a cell runs ceil(max(c, --requests)
 / c) waves one after another, after an untimed warm-up wave on other prompts. Every row sees the
@@ -71,7 +74,21 @@ ROWS = {
     "c": "transformers CB",
     "d": "sluicegate engine",
     "e": "engine, --compare tree",
+    "f": "engine + JSON schema",
 }
+BENCH_ITEM = {
+    "type": "object",
+    "properties": {
+        "sku": {"type": "string", "maxLength": 12},
+        "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+        "price": {"type": "number"},
+        "kind": {"enum": ["book", "food", "toy"]},
+        "note": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]},
+    },
+    "required": ["sku", "qty", "price", "kind"],
+    "additionalProperties": False,
+}
+BENCH_SCHEMA = {"type": "array", "items": BENCH_ITEM, "minItems": 10_000}
 CELL_MARK = "@cell "
 # transformers' FIFO scheduler admits no new prefill while less than this share of its cache is free
 CB_SAFETY_MARGIN = 0.15
@@ -310,7 +327,19 @@ def make_engine(model: Any, tokenizer: Any, args: argparse.Namespace) -> Any:
     return Engine(model, tokenizer, **kwargs)
 
 
-def run_engine(engine: Any, wave: list[list[int]], max_new: int, tag: str) -> list[Trace]:
+def bench_grammar(engine: Any, tokenizer: Any) -> Any:
+    """Row (f)'s compiled grammar (compiled once: the cost measured is the per-step mask)."""
+    from workers.grammar import GrammarCompiler, grammar_source
+    from workers.output_spec import ResponseFormat
+
+    compiler = GrammarCompiler(tokenizer, engine.vocab_size, engine.stop_ctx.eos_token_ids)
+    fmt = ResponseFormat("json_schema", BENCH_SCHEMA, "bench")
+    return compiler.build(grammar_source(fmt, None))
+
+
+def run_engine(
+    engine: Any, wave: list[list[int]], max_new: int, tag: str, grammar: Any = None
+) -> list[Trace]:
     """Add the wave and step until done; text events carry `tokens`, finish events the count."""
     from workers.request import EngineRequest
 
@@ -323,7 +352,8 @@ def run_engine(engine: Any, wave: list[list[int]], max_new: int, tag: str) -> li
     submitted = time.perf_counter()
     traces = {f"{tag}-{i}": Trace(submitted) for i in range(len(wave))}
     for (request_id, _), prompt in zip(traces.items(), wave, strict=True):
-        engine.add_request(EngineRequest(request_id, prompt, params))
+        constraint = () if grammar is None else (grammar,)  # an older tree has no grammar field
+        engine.add_request(EngineRequest(request_id, prompt, params, *constraint))
     while engine.has_unfinished():
         outputs = engine.step()
         now = time.perf_counter()
@@ -386,7 +416,8 @@ def open_row(row: str, model: Any, tokenizer: Any, args: argparse.Namespace, c: 
     engine = make_engine(model, tokenizer, argparse.Namespace(**settings))
     accepted = inspect.signature(type(engine).__init__).parameters
     used = {k: v for k, v in settings.items() if v is not None and k in accepted}
-    return (lambda wave, tag, n: run_engine(engine, wave, n, tag)), lambda: None, used
+    grammar = bench_grammar(engine, tokenizer) if row == "f" else None
+    return (lambda wave, tag, n: run_engine(engine, wave, n, tag, grammar)), lambda: None, used
 
 
 def reset_peak_rss() -> None:
@@ -548,7 +579,7 @@ def print_tables(args: argparse.Namespace, runs: list[CellRun], gflops: dict[str
         if "a" in args.rows and "b" in args.rows and 1 in args.concurrency:
             print("(b) at c=1 is (a): not run twice")
         for run in mine:
-            if run.results and run.row in "cde":
+            if run.results and run.row in "cdef":
                 last = run.results[-1]
                 shown = " ".join(f"{k}={v}" for k, v in last["settings"].items())
                 print(f"({run.row}) settings at c={last['concurrency']}: {shown}")
@@ -564,6 +595,7 @@ def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
         "engine / transformers CB": [(by.get(("d", c)), by.get(("c", c))) for c in cols],
         "engine / generate (a, c=1)": [(by.get(("d", c)), base) for c in cols],
         "engine / engine of --compare": [(by.get(("d", c)), by.get(("e", c))) for c in cols],
+        "JSON schema / free (f / d)": [(by.get(("f", c)), by.get(("d", c))) for c in cols],
         "transformers CB / generate (a)": [(by.get(("c", c)), base) for c in cols],
     }
     for name, pairs in lines.items():
@@ -574,7 +606,7 @@ def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="c=1,8; 16 tokens; bfloat16; 1 request")
-    p.add_argument("--rows", default="a,b,c,d", help="which rows: a,b,c,d")
+    p.add_argument("--rows", default="a,b,c,d", help="which rows: a,b,c,d,f")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtype", default="bfloat16,float32")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -616,7 +648,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.compare and args.cell is None and "e" not in args.rows:
         args.rows.append("e")
     if set(args.rows) - set(ROWS):
-        p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from a,b,c,d,e")
+        p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from a,b,c,d,e,f")
     if args.cell is None:
         args.dtype = [d for d in args.dtype.split(",") if d]
     return args

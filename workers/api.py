@@ -16,9 +16,13 @@ from typing import Any
 import orjson
 
 from workers.limits import ROLES
+from workers.output_spec import ResponseFormat, ToolSpec, parse_response_format, parse_tools
 from workers.sampling_params import InvalidParam, SamplingParams
 
-API_VERSION = 1
+# 2: response_format, tools and tool_choice in the body, tool-call fields on messages, the
+# `tool_call` line and the `tool_calls` finish reason. A version-1 worker would ignore those
+# fields silently, so the gateway refuses to talk to one.
+API_VERSION = 2
 MAX_REQUEST_ID_LEN = 256
 _MISSING = object()
 
@@ -38,8 +42,10 @@ class GenerateBody:
     """A parsed `/v1/generate` body: the id, the chat messages and the sampling parameters."""
 
     request_id: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: SamplingParams
+    response_format: ResponseFormat | None = None
+    tools: ToolSpec | None = None
 
 
 def error_body(
@@ -97,21 +103,57 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _tool_calls(i: int, value: Any) -> list[dict[str, Any]]:
+    """An assistant message's calls, as OpenAI writes them (arguments a JSON string)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a list", "messages", "invalid_type")
+    calls = []
+    for call in value:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BadRequest(f"{where} items need a function with a name", "messages")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise BadRequest(f"{where} arguments must be a JSON string", "messages")
+        calls.append(
+            {
+                "id": str(call.get("id") or ""),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return calls
+
+
+def _message(i: int, message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise BadRequest(f"messages[{i}] must be an object", "messages", "invalid_type")
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or role not in ROLES:
+        raise BadRequest(f"messages[{i}].role must be one of {sorted(ROLES)}", "messages")
+    out: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant" and message.get("tool_calls"):
+        out["tool_calls"] = _tool_calls(i, message["tool_calls"])
+        out["content"] = content = content or ""
+    if not isinstance(content, str):
+        raise BadRequest(f"messages[{i}].content must be a string", "messages", "invalid_type")
+    for key in ("tool_call_id", "name"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"messages[{i}].{key} must be a string", "messages", "invalid_type")
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages: role and string content, and on tool turns `tool_calls` (assistant),
+    `tool_call_id` and `name` (tool)."""
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise BadRequest("messages must be a non-empty list", "messages", "invalid_type")
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise BadRequest(f"messages[{i}] must be an object", "messages", "invalid_type")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(f"messages[{i}].role must be one of {sorted(ROLES)}", "messages")
-        if not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string", "messages", "invalid_type")
-        messages.append({"role": role, "content": content})
-    return messages
+    return [_message(i, m) for i, m in enumerate(value)]
 
 
 def _request_id(body: dict[str, Any]) -> str:
@@ -146,9 +188,11 @@ def parse_generate(body: Any) -> GenerateBody:
             top_logprobs=_int(body, "top_logprobs", 0),
             ignore_eos=_bool(body, "ignore_eos", False),
         )
+        response_format = parse_response_format(body.get("response_format"))
+        tools = parse_tools(body.get("tools"), body.get("tool_choice"))
     except InvalidParam as e:
         raise BadRequest(str(e), e.param) from None
-    return GenerateBody(request_id, messages, params)
+    return GenerateBody(request_id, messages, params, response_format, tools)
 
 
 # -- the request body ------------------------------------------------------------------------
@@ -160,11 +204,19 @@ class GenerateRequest:
     are the engine's own `SamplingParams`, so both ends validate them alike."""
 
     request_id: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: SamplingParams
+    response_format: ResponseFormat | None = None
+    tools: ToolSpec | None = None
 
     def to_json(self) -> bytes:
         p = self.params
+        extra: dict[str, Any] = {}
+        if self.response_format is not None:
+            extra["response_format"] = self.response_format.wire()
+        if self.tools is not None:
+            extra["tools"] = [t.wire() for t in self.tools.tools]
+            extra["tool_choice"] = self.tools.wire_choice()
         return orjson.dumps(
             {
                 "request_id": self.request_id,
@@ -182,6 +234,7 @@ class GenerateRequest:
                 "logprobs": p.logprobs,
                 "top_logprobs": p.top_logprobs,
                 "ignore_eos": p.ignore_eos,
+                **extra,
             }
         )
 
@@ -228,12 +281,35 @@ class TextLine:
 
 
 @dataclass(slots=True)
+class ToolCallLine:
+    """One whole tool call the model made in choice `index` (`call_index` counts its calls);
+    `arguments` is a JSON string, `tokens` the generated tokens its markup took."""
+
+    index: int
+    call_index: int
+    name: str
+    arguments: str
+    tokens: int
+    type: str = "tool_call"
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": "tool_call",
+            "index": self.index,
+            "call_index": self.call_index,
+            "name": self.name,
+            "arguments": self.arguments,
+            "tokens": self.tokens,
+        }
+
+
+@dataclass(slots=True)
 class FinishLine:
     """A choice is done. With reason `abort`, also what the abort cost: tokens generated after
     it arrived and the time from its arrival to the step boundary where the sequence stopped."""
 
     index: int
-    reason: str  # stop | length | abort
+    reason: str  # stop | length | tool_calls | abort
     completion_tokens: int
     tail_tokens: int | None = None
     stop_latency_ms: float | None = None
@@ -277,11 +353,12 @@ class ErrorLine:
         return {"type": "error", "code": self.code, "message": self.message}
 
 
-Line = StartLine | AdmittedLine | TextLine | FinishLine | UsageLine | ErrorLine
+Line = StartLine | AdmittedLine | TextLine | ToolCallLine | FinishLine | UsageLine | ErrorLine
 _LINES: dict[str, type] = {
     "start": StartLine,
     "admitted": AdmittedLine,
     "text": TextLine,
+    "tool_call": ToolCallLine,
     "finish": FinishLine,
     "usage": UsageLine,
     "error": ErrorLine,

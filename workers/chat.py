@@ -3,6 +3,11 @@
 Rendering to text first and then tokenizing without special tokens is what transformers 5 wants
 (the template already wrote BOS/ChatML markers). OpenAI's `developer` role is newer than most
 templates; where a template does not know it, it becomes `system`.
+
+Tools: a template that knows them (it mentions `tools`, as Qwen2's and Hermes' do) gets them and
+the tool turns as transformers passes them, arguments as objects. Any other template gets the
+Hermes convention written into the messages themselves (tool_prompt.py): the tools in the system
+prompt, the assistant's calls as `<tool_call>` blocks, results as `<tool_response>` blocks.
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from jinja2 import TemplateError
+
+from workers.output_spec import ToolSpec
+from workers.tool_prompt import hermes_messages, template_messages
 
 
 class ChatTemplateError(ValueError):
@@ -23,15 +31,35 @@ def _template_text(tokenizer: Any) -> str:
     return template or ""
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Prompt ids for `messages` (each {"role", "content"} with plain-string content)."""
+def uses_tools(messages: list[dict[str, Any]], tools: ToolSpec | None) -> bool:
+    """Whether the conversation involves tools (offered now, or called earlier)."""
+    offered = tools is not None and tools.offered
+    return offered or any("tool_calls" in m or "tool_call_id" in m for m in messages)
+
+
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+) -> list[int]:
+    """Prompt ids for `messages` (plain-string content; tool fields as workers/api.py keeps
+    them). With `tool_choice` none the tools are not shown to the model at all."""
     template = _template_text(tokenizer)
     if not template:
         raise ChatTemplateError("this model has no chat template")
     if "developer" not in template:
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    offered = tools if tools is not None and tools.offered else None
+    kwargs: dict[str, Any] = {}
+    if uses_tools(messages, tools):
+        if "tools" in template:
+            messages = template_messages(messages)
+            if offered is not None:
+                kwargs["tools"] = [t.wire() for t in offered.tools]
+        else:
+            messages = hermes_messages(messages, offered)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
     except (TemplateError, ValueError, TypeError, KeyError) as e:  # a 400 for the caller
         raise ChatTemplateError(f"the chat template rejected the messages: {e}") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -77,6 +77,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(_env("max-body-bytes") or _DEFAULTS.max_body_bytes),
         help="largest request body; a gateway starting this worker sets it from its own limit",
     )
+    parser.add_argument(
+        "--grammar-timeout",
+        type=float,
+        default=float(_env("grammar-timeout") or _DEFAULTS.grammar_timeout_s),
+        help="seconds a response format's or forced tool call's grammar may take to compile",
+    )
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument(
         "--kv-cache-memory",
@@ -161,6 +167,7 @@ def run_worker(args: argparse.Namespace) -> int:
             num_kv_blocks=args.num_kv_blocks,
             kv_cache_memory=args.kv_cache_memory,
             max_body_bytes=args.max_body_bytes,
+            grammar_timeout_s=args.grammar_timeout,
         )
     except ValueError as e:
         log.error("bad worker settings", error=str(e))

@@ -27,6 +27,8 @@ class WorkerConfig:
     kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY
     # never below what a gateway with the default limit forwards (its --max-body-bytes)
     max_body_bytes: int = worker_body_limit(MAX_BODY_BYTES)
+    # a response format's or forced tool call's grammar must compile within this (else a 400)
+    grammar_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -40,6 +42,8 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, not {self.num_kv_blocks}")
+        if not self.grammar_timeout_s > 0:
+            raise ValueError(f"grammar_timeout_s must be positive, not {self.grammar_timeout_s}")
         parse_bytes(self.kv_cache_memory)  # raises ValueError on a bad size
 
     def engine_kwargs(self) -> dict[str, object]:

@@ -34,6 +34,7 @@ from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus
 from workers.sampler import Sampler, seeded
 from workers.scheduler import Scheduler
 from workers.stop import StopContext, StopStringHoldback, check_stop
+from workers.tool_parser import ToolCallParser
 
 log = structlog.get_logger("sluice.worker.engine")
 
@@ -113,6 +114,8 @@ class Engine:
                 detokenizer=IncrementalDetokenizer(self.table.text_bytes),
                 holdback=StopStringHoldback(params.stop),
                 generator=None if params.greedy else seeded(params.seed, i, self.runner.device),
+                grammar=request.grammar.matcher() if request.grammar is not None else None,
+                tool_parser=ToolCallParser() if request.parse_tools else None,
             )
             for i in range(params.n)
         ]
@@ -328,19 +331,19 @@ class Engine:
         if status is not None:
             self._finish_sequence(seq, status, outputs)
             return
-        event = seq.take_text_event()
-        if event is not None:
-            self._out(outputs, seq.request_id).events.append(event)
+        events = seq.take_events()
+        if events:
+            self._out(outputs, seq.request_id).events.extend(events)
 
     def _finish_sequence(
         self, seq: SequenceState, status: RequestStatus, outputs: dict[str, RequestOutput]
     ) -> None:
-        seq.status = status
         out = self._out(outputs, seq.request_id)
         seq.flush_text()
-        event = seq.take_text_event()
-        if event is not None:
-            out.events.append(event)
+        out.events.extend(seq.take_events())
+        if status == RequestStatus.FINISHED_STOPPED and seq.tool_calls_sent:
+            status = RequestStatus.FINISHED_TOOL_CALLS
+        seq.status = status
         out.events.append(api.FinishLine(seq.index, FINISH_REASON[status], seq.num_output_tokens))
         self._release(seq)
 

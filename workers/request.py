@@ -2,8 +2,8 @@
 
 The status enum is ordered so "finished" is one comparison, and one table maps a terminal status
 to the finish reason on the wire. A sequence also keeps what it has generated but not yet sent
-(text released by the stop-string hold-back, the tokens it carries, their logprobs), so every text
-line carries exactly the tokens generated since the previous one.
+(text released by the stop-string hold-back, tool calls parsed out of it, the tokens they carry,
+their logprobs), so every line carries exactly the tokens generated since the previous one.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from workers import api
 from workers.sampling_params import SamplingParams
+from workers.tool_parser import ToolCall
 
 if TYPE_CHECKING:
     import torch
 
     from workers.detokenizer import IncrementalDetokenizer
+    from workers.grammar import CompiledGrammar, Matcher
     from workers.stop import StopStringHoldback
+    from workers.tool_parser import ToolCallParser
 
 
 class RequestStatus(enum.IntEnum):
@@ -28,9 +31,10 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
     FINISHED_STOPPED = 2
-    FINISHED_LENGTH = 3
-    FINISHED_ABORTED = 4
-    FINISHED_ERROR = 5
+    FINISHED_TOOL_CALLS = 3  # stopped, having made tool calls
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
 
     @property
     def is_finished(self) -> bool:
@@ -39,6 +43,7 @@ class RequestStatus(enum.IntEnum):
 
 FINISH_REASON: dict[RequestStatus, str] = {
     RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_TOOL_CALLS: "tool_calls",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
 }
@@ -46,11 +51,15 @@ FINISH_REASON: dict[RequestStatus, str] = {
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
-    """What the engine is asked to run: an already tokenized prompt and its parameters."""
+    """What the engine is asked to run: an already tokenized prompt and its parameters, the
+    grammar its output must follow (compiled before it gets here) and whether its text is
+    parsed for tool calls."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    grammar: CompiledGrammar | None = None
+    parse_tools: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +74,8 @@ class SequenceState:
     detokenizer: IncrementalDetokenizer
     holdback: StopStringHoldback
     generator: torch.Generator | None
+    grammar: Matcher | None = None
+    tool_parser: ToolCallParser | None = None
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     # paged KV state, owned by the block manager and the scheduler
@@ -74,7 +85,8 @@ class SequenceState:
     num_hashed_blocks: int = 0
     last_token_step: int = -1  # the engine step that produced the latest token
     hit_stop_string: bool = False
-    unsent_text: list[str] = field(default_factory=list)
+    tool_calls_sent: int = 0
+    unsent: list[str | ToolCall] = field(default_factory=list)  # in order; adjacent texts merged
     unsent_tokens: int = 0
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -104,17 +116,20 @@ class SequenceState:
         return len(self.output_ids)
 
     def append_token(self, token_id: int, logprob: dict[str, Any] | None) -> None:
+        """Record a sampled token; a grammar the sequence follows advances with it (and raises
+        GrammarViolation for a token it refuses)."""
         self.output_ids.append(token_id)
         self.all_ids.append(token_id)
         self.unsent_tokens += 1
         if logprob is not None:
             self.unsent_logprobs.append(logprob)
+        if self.grammar is not None:
+            self.grammar.consume(token_id)
 
     def push_text(self, token_id: int) -> bool:
         """Detokenize `token_id` and hold back stop-string prefixes; True on a stop-string hit."""
         released, hit = self.holdback.push(self.detokenizer.push(token_id))
-        if released:
-            self.unsent_text.append(released)
+        self._release(released)
         self.hit_stop_string = hit
         return hit
 
@@ -122,24 +137,49 @@ class SequenceState:
         """The sequence ended without a stop string: release what was held.
 
         After a stop string nothing is released: bytes still in the detokenizer come after it.
+        A tool call still open is closed either way (tool_parser.py says how).
         """
-        if self.hit_stop_string:
-            return
-        released, hit = self.holdback.push(self.detokenizer.flush())
-        if not hit:
-            released += self.holdback.flush()
-        if released:
-            self.unsent_text.append(released)
+        if not self.hit_stop_string:
+            released, hit = self.holdback.push(self.detokenizer.flush())
+            if not hit:
+                released += self.holdback.flush()
+            self._release(released)
+        if self.tool_parser is not None:
+            self._queue(self.tool_parser.flush())
 
-    def take_text_event(self) -> api.TextLine | None:
-        """A `text` line with everything released since the last one, or None if no text."""
-        if not self.unsent_text:
-            return None
-        text = "".join(self.unsent_text)
+    def _release(self, text: str) -> None:
+        if not text:
+            return
+        self._queue([text] if self.tool_parser is None else self.tool_parser.push(text))
+
+    def _queue(self, segments: list[str | ToolCall]) -> None:
+        for segment in segments:
+            if isinstance(segment, str) and self.unsent and isinstance(self.unsent[-1], str):
+                self.unsent[-1] += segment
+            else:
+                self.unsent.append(segment)
+
+    def take_events(self) -> list[api.TextLine | api.ToolCallLine]:
+        """The lines for everything released since the last call (none if nothing was).
+
+        NOTE: the tokens carried go on the first line, the logprobs on the first text line: a
+        tool call's tokens have no logprobs on OpenAI's wire.
+        """
+        if not self.unsent:
+            return []
+        lines: list[api.TextLine | api.ToolCallLine] = []
         logprobs = self.unsent_logprobs if self.params.logprobs else None
-        event = api.TextLine(self.index, text, self.unsent_tokens, logprobs)
-        self.unsent_text, self.unsent_tokens, self.unsent_logprobs = [], 0, []
-        return event
+        for segment in self.unsent:
+            if isinstance(segment, str):
+                lines.append(api.TextLine(self.index, segment, 0, logprobs))
+                logprobs = [] if logprobs is not None else None
+            else:
+                call = self.tool_calls_sent
+                lines.append(api.ToolCallLine(self.index, call, segment.name, segment.arguments, 0))
+                self.tool_calls_sent += 1
+        lines[0].tokens = self.unsent_tokens
+        self.unsent, self.unsent_tokens, self.unsent_logprobs = [], 0, []
+        return lines
 
 
 @dataclass(slots=True, eq=False)

@@ -1,7 +1,8 @@
 """Batched sampling: one logits row per sequence in, one token (and its logprobs) per row out.
 
-Order per row: penalties → temperature → top-k → top-p → pick. Greedy rows (temperature 0) take
-the argmax of the penalized logits, exactly what transformers' `generate` does without processors.
+Order per row: grammar mask → penalties → temperature → top-k → top-p → pick. Greedy rows
+(temperature 0) take the argmax of the penalized logits, exactly what transformers' `generate`
+does without processors.
 Sampled rows use the exponential race (argmax of p / q with q ~ Exp(1)), drawing q from the row's
 own `torch.Generator`: a seeded request consumes the same random numbers whatever else is in the
 batch, so its tokens are reproducible.
@@ -9,6 +10,10 @@ batch, so its tokens are reproducible.
 Logprobs are the log-softmax of the *processed* distribution (after penalties, temperature, top-k
 and top-p; a greedy row uses temperature 1), i.e. the distribution the token was drawn from.
 Tokens masked out by top-k/top-p report -9999.0, as OpenAI does, since JSON has no -inf.
+
+A row with a grammar (structured output, a forced tool call) first has every token its grammar
+does not allow next masked (workers/grammar_mask.py), greedy or sampled alike; EOS is among the
+allowed tokens only where the grammar accepts, so a constrained sequence ends only there.
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from workers.detokenizer import TokenTable
 from workers.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from workers.grammar import Matcher
+    from workers.grammar_mask import GrammarMasks
 
 MASKED_LOGPROB = -9999.0
 
@@ -32,6 +41,7 @@ class SamplerRow(Protocol):
     params: SamplingParams
     generator: torch.Generator | None
     output_ids: list[int]
+    grammar: Matcher | None
 
 
 @dataclass(slots=True)
@@ -78,14 +88,28 @@ def seeded(seed: int | None, index: int, device: torch.device) -> torch.Generato
 
 
 class Sampler:
-    """Stateless apart from the token table used to name tokens in logprobs."""
+    """Stateless apart from the token table used to name tokens in logprobs and the grammar
+    masks' buffers."""
 
     def __init__(self, table: TokenTable) -> None:
         self._table = table
+        self._masks: GrammarMasks | None = None
+
+    def _apply_grammars(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> None:
+        grammars = [row.grammar for row in rows]
+        if all(g is None for g in grammars):
+            return
+        if self._masks is None:
+            # NOTE: imported here so a worker that never constrains needs no llguidance
+            from workers.grammar_mask import GrammarMasks
+
+            self._masks = GrammarMasks()
+        self._masks.apply(logits, grammars)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> SampleResult:
         """`logits` is [len(rows), vocab]; returns one token per row."""
         logits = logits.to(torch.float32, copy=True)
+        self._apply_grammars(logits, rows)
         params = [row.params for row in rows]
         for i, row in enumerate(rows):
             p = row.params

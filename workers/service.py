@@ -3,6 +3,8 @@
 Loading happens on a daemon thread after the server is already listening, so `/health` can say
 503 during a first-use conversion of the default model, and SIGTERM is never stuck behind it.
 Prompts are rendered on one helper thread: the event loop only parses JSON and moves bytes.
+Grammars (response formats, forced tool calls) compile on the grammar compiler's own pool under
+a timeout, before the request enters the engine, so the engine thread never compiles.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -35,6 +37,9 @@ from workers.model_loader import (
     served_model_id,
 )
 from workers.request import EngineRequest
+
+if TYPE_CHECKING:
+    from workers.grammar import CompiledGrammar, GrammarCompiler
 
 log = structlog.get_logger("sluice.worker")
 
@@ -68,6 +73,7 @@ class WorkerService:
         self._started_at = 0
         self._engine: AsyncEngine | None = None
         self._tokenize: ThreadPoolExecutor | None = None
+        self._grammar: GrammarCompiler | None = None
         self.ready = asyncio.Event()
         self.failed = asyncio.Event()
 
@@ -80,6 +86,7 @@ class WorkerService:
         try:
             loaded = self._preloaded or await self._load_in_background()
             engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs())
+            self._grammar = await asyncio.to_thread(self._grammar_compiler, loaded, engine)
             self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
             self._engine.start()
@@ -106,12 +113,29 @@ class WorkerService:
         threading.Thread(target=load, name="sluice-load", daemon=True).start()
         return await future
 
+    def _grammar_compiler(self, loaded: LoadedModel, engine: Engine) -> GrammarCompiler | None:
+        """llguidance's view of the tokenizer (~1 s for 49k tokens); None without llguidance,
+        and then a constrained request is refused."""
+        try:
+            from workers.grammar import GrammarCompiler
+        except ImportError:
+            log.warning("llguidance is not installed: no response_format nor forced tool calls")
+            return None
+        return GrammarCompiler(
+            loaded.tokenizer,
+            loaded.model.config.vocab_size,
+            engine.stop_ctx.eos_token_ids,
+            timeout_s=self.config.grammar_timeout_s,
+        )
+
     async def stop(self) -> None:
         """End every live stream and the engine thread (idempotent)."""
         if self._engine is not None:
             await self._engine.stop()
         if self._tokenize is not None:
             self._tokenize.shutdown(wait=False, cancel_futures=True)
+        if self._grammar is not None:
+            self._grammar.close()
 
     def stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
@@ -141,7 +165,7 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         try:
             prompt_ids = await loop.run_in_executor(
-                self._tokenize, render_prompt, loaded.tokenizer, body.messages
+                self._tokenize, render_prompt, loaded.tokenizer, body.messages, body.tools
             )
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None
@@ -149,7 +173,29 @@ class WorkerService:
             engine.check_fits(len(prompt_ids), body.params.max_tokens)
         except ContextTooLong as e:
             raise BadRequest(str(e), e.param, "context_length_exceeded") from None
-        return EngineRequest(body.request_id, prompt_ids, body.params)
+        grammar = await self._compile(body)
+        parse_tools = body.tools is not None and body.tools.offered
+        return EngineRequest(body.request_id, prompt_ids, body.params, grammar, parse_tools)
+
+    async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:
+        """The grammar the output must follow, compiled off the engine thread; a 400 naming the
+        field when it cannot be (a bad or unsupported schema, a compile past the timeout)."""
+        forced = body.tools is not None and body.tools.forced
+        if body.response_format is None and not forced:
+            return None
+        if self._grammar is None:
+            param = "response_format" if body.response_format is not None else "tool_choice"
+            raise BadRequest(
+                f"{param} needs constrained decoding, which this worker lacks (no llguidance)",
+                param,
+                "unsupported_parameter",
+            )
+        from workers.grammar import GrammarError
+
+        try:
+            return await self._grammar.compile(body.response_format, body.tools)
+        except GrammarError as e:
+            raise BadRequest(e.message, e.param, e.code) from None
 
     def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         return self._require_engine().generate(request)

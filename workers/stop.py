@@ -82,6 +82,8 @@ def check_stop(seq: SequenceState, token_id: int, ctx: StopContext) -> RequestSt
         return RequestStatus.FINISHED_STOPPED
     if seq.push_text(token_id):
         return RequestStatus.FINISHED_STOPPED
+    if seq.grammar is not None and seq.grammar.is_finished:
+        return RequestStatus.FINISHED_STOPPED
     if seq.num_output_tokens >= seq.max_tokens:
         return RequestStatus.FINISHED_LENGTH
     if seq.prompt_len + seq.num_output_tokens >= ctx.max_model_len:

@@ -68,10 +68,10 @@ USER = {"role": "user", "content": "Hi"}
         ({"tool_choice": {}}, "tool_choice", "invalid_value"),
         ({"response_format": {"type": []}}, "response_format.type", "invalid_value"),
         ({"response_format": {"type": {}}}, "response_format.type", "invalid_value"),
-        (
+        (  # the worker's rule, as OpenAI's: no tool_choice without tools
             {"tool_choice": {"type": "function", "function": {"name": "f"}}},
             "tool_choice",
-            "unsupported_parameter",
+            "invalid_value",
         ),
     ],
 )

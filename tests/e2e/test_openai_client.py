@@ -143,8 +143,16 @@ BAD_REQUESTS = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"not": {}}},
+            }
+        },
+        "response_format.json_schema.schema",
+    ),
 ]
 
 

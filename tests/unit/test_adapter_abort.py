@@ -22,9 +22,8 @@ from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from adapters.worker_client import WorkerAdapter
 from testkit.scripted_adapter import ScriptedAdapter, Step, text_script
 from tests.support.waiting import until
-from workers.config import WorkerConfig
+from tests.support.worker_app import started_worker_app
 from workers.model_loader import load_model
-from workers.server import create_worker_app
 from workers.service import LoadedModel
 
 
@@ -53,14 +52,7 @@ def loaded(tiny_model_dir) -> LoadedModel:
 
 @pytest.fixture
 async def worker(aiohttp_client, loaded, tiny_model_dir):
-    config = WorkerConfig(model=str(tiny_model_dir), device="cpu", dtype="float32")
-    client = await aiohttp_client(create_worker_app(config, loaded=loaded))
-
-    async def healthy() -> bool:
-        return (await client.get("/health")).status == 200
-
-    await until(healthy, "the worker app to become healthy")
-    return client
+    return await started_worker_app(aiohttp_client, loaded, tiny_model_dir)
 
 
 @pytest.fixture

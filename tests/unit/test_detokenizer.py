@@ -41,7 +41,7 @@ def feed(seq: SequenceState, token_ids: list[int], ctx: StopContext) -> tuple[li
         status = check_stop(seq, token_id, ctx)
         if status is not None:
             seq.flush_text()  # as the engine does; a no-op after a stop string
-        event = seq.take_text_event()
+        event = (seq.take_events() or [None])[0]
         if event is not None:
             texts.append(event.text)
         if status is not None:
@@ -75,7 +75,7 @@ def test_text_lines_carry_the_tokens_generated_since_the_previous_line() -> None
     for token_id in [0, 1, 2, 3]:
         seq.append_token(token_id, None)
         assert check_stop(seq, token_id, ctx) is None
-        event = seq.take_text_event()
+        event = (seq.take_events() or [None])[0]
         counts.append(None if event is None else (event.text, event.tokens))
     assert counts == [None, ("你", 2), None, ("好", 2)]
 

@@ -19,6 +19,7 @@ class Row:
     params: SamplingParams
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
+    grammar: None = None
 
 
 def seeded(seed: int, **kwargs) -> Row:

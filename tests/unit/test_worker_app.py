@@ -79,7 +79,7 @@ async def test_health_and_model(client) -> None:
         "vocab_size": 600,
         "device": "cpu",
         "dtype": "float32",
-        "api_version": 1,
+        "api_version": 2,
         "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,
     }
 

@@ -30,6 +30,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "KV_CACHE_MEMORY",
         "NUM_KV_BLOCKS",
         "MAX_BODY_BYTES",
+        "GRAMMAR_TIMEOUT",
     ):
         monkeypatch.delenv(f"SLUICE_{name}", raising=False)
 
@@ -48,6 +49,7 @@ def test_defaults() -> None:
         "kv_cache_memory": "2GiB",
         "num_kv_blocks": None,
         "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,  # the gateway's default, plus room
+        "grammar_timeout": 5.0,
     }
 
 
@@ -63,6 +65,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_KV_CACHE_MEMORY", "64MiB")
     monkeypatch.setenv("SLUICE_NUM_KV_BLOCKS", "100")
     monkeypatch.setenv("SLUICE_MAX_BODY_BYTES", "2048")
+    monkeypatch.setenv("SLUICE_GRAMMAR_TIMEOUT", "0.5")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -75,6 +78,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "kv_cache_memory": "64MiB",
         "num_kv_blocks": 100,
         "max_body_bytes": 2048,
+        "grammar_timeout": 0.5,
     }
     assert parse(["--port", "9200", "--max-num-seqs", "8"]).port == 9200
     assert parse(["--max-num-seqs", "8"]).max_num_seqs == 8
@@ -102,6 +106,7 @@ def test_bad_choices_are_refused() -> None:
         {"num_kv_blocks": 0},
         {"kv_cache_memory": "lots"},
         {"max_body_bytes": 0},
+        {"grammar_timeout_s": 0},
     ],
 )
 def test_config_validation(kwargs: dict) -> None:
