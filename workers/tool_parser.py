@@ -10,7 +10,8 @@ one is dropped (the model's separators between calls, not content). A call whose
 JSON object with a string `name` (malformed JSON, a cut-off call at the end, a wrong shape) is
 released as the plain text the model wrote, markup included: nothing the model produced is lost,
 and the client sees why no call came. An unterminated call that is nevertheless a complete JSON
-object at the end of the sequence (EOS before `</tool_call>`) counts as a call.
+object at the end of the sequence (EOS, or max_tokens, before `</tool_call>` or in the middle of
+it) counts as a call.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class ToolCallParser:
     def flush(self) -> list[Segment]:
         """The sequence ended: an open call is a call if its JSON is whole, else text."""
         out: list[Segment] = []
-        if self._inside:
-            self._close(self._buffer, out, closed=False)
+        if self._inside:  # a `</tool_call>` cut short (max_tokens) does not spoil a whole call
+            body = self._buffer[: len(self._buffer) - _partial_suffix(self._buffer, CLOSE)]
+            self._close(body, out, closed=False)
         else:
             self._emit(self._buffer, out)
         self._buffer, self._inside = "", False

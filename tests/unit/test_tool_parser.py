@@ -85,6 +85,13 @@ def test_a_whole_object_without_the_closing_tag_at_the_end_is_a_call() -> None:
     assert run([CALL.removesuffix("</tool_call>")]) == [WEATHER]
 
 
+@pytest.mark.parametrize("kept", [1, 4, len("</tool_call>") - 1])
+def test_a_whole_object_whose_closing_tag_was_cut_short_is_a_call(kept: int) -> None:
+    # max_tokens ran out inside `</tool_call>`: the call itself was whole
+    cut = CALL.removesuffix("</tool_call>") + "</tool_call>"[:kept]
+    assert run(chars(cut)) == [WEATHER]
+
+
 def test_arguments_given_as_a_string_are_kept_and_parameters_is_accepted() -> None:
     assert parse_call('{"name": "f", "arguments": "{\\"a\\": 1}"}') == ToolCall("f", '{"a": 1}')
     assert parse_call('{"name": "f", "parameters": {"a": 1}}') == ToolCall("f", '{"a":1}')
