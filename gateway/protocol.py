@@ -118,12 +118,35 @@ def _parse_message(i: int, raw: Any) -> Message:
             f"Missing required parameter: '{where}.content'.",
             code="missing_required_parameter",
         )
+    if tool_calls:
+        _check_tool_calls(f"{where}.tool_calls", tool_calls)
     name = raw.get("name")
     tool_call_id = raw.get("tool_call_id")
     for key, value in (("name", name), ("tool_call_id", tool_call_id)):
         if value is not None and not isinstance(value, str):
             raise invalid_request(f"{where}.{key}", f"'{where}.{key}' must be a string.")
+    if role == "tool" and tool_call_id is None:
+        raise invalid_request(
+            f"{where}.tool_call_id",
+            f"Missing required parameter: '{where}.tool_call_id'.",
+            code="missing_required_parameter",
+        )
     return Message(role, content, name, tool_call_id, tool_calls)
+
+
+def _check_tool_calls(where: str, calls: list[Any]) -> None:
+    """An assistant turn's calls, as OpenAI shapes them: each goes back to the backend as is."""
+    for k, call in enumerate(calls):
+        here = f"{where}[{k}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or call.get("type", "function") != "function":
+            raise invalid_request(
+                here, f"'{here}' must be an object with type 'function' and a 'function' object."
+            )
+        for key, field in ((call, "id"), (fn, "name"), (fn, "arguments")):
+            if not isinstance(key.get(field), str):
+                name = f"{here}.id" if field == "id" else f"{here}.function.{field}"
+                raise invalid_request(name, f"'{name}' must be a string.")
 
 
 def _parse_messages(body: dict[str, Any]) -> list[Message]:

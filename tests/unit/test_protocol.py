@@ -75,6 +75,36 @@ BAD = [
     ({"response_format": {"type": "yaml"}}, "response_format.type", "invalid_value"),
     ({"metadata": {"a": 1}}, "metadata", "invalid_value"),
     ({"user": 5}, "user", "invalid_type"),
+    # tool turns: a tool message answers a call by its id; an assistant's calls are OpenAI's shape
+    (
+        {"messages": [{"role": "tool", "content": "21 C"}]},
+        "messages[0].tool_call_id",
+        "missing_required_parameter",
+    ),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": ["call"]}]},
+        "messages[0].tool_calls[0]",
+        "invalid_value",
+    ),
+    (
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
+        "messages[0].tool_calls[0].id",
+        "invalid_value",
+    ),
+    (
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}
+                    ],
+                }
+            ]
+        },
+        "messages[0].tool_calls[0].function.arguments",
+        "invalid_value",
+    ),
 ]
 
 
