@@ -53,6 +53,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("dtype") or "auto",
         help="auto: bf16 where the hardware has it natively, else fp16 (CUDA) or fp32 (CPU)",
     )
+    _add_engine_arguments(parser)
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the engine batches, caches and bounds its work."""
     parser.add_argument(
         "--max-num-seqs",
         type=int,
