@@ -154,6 +154,17 @@ class WorkerAdapter:
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
 
+    async def stats(self) -> dict[str, Any] | None:
+        """The worker's own load and step counter (GET /v1/stats), or None when it will not say."""
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                f"{self.base_url}/v1/stats", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                return await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+
     def unsupported_param(self, request: ChatRequest) -> str | None:
         """Nothing: tools, tool_choice and response_format are enforced by the worker."""
         return None

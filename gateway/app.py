@@ -25,6 +25,7 @@ from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completi
 from gateway.local_worker import LocalWorker
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
+from gateway.pool_metrics import PoolCollector
 from gateway.settings import DEFAULT_MODEL, Settings
 from gateway.stores import shared_state
 from gateway.supervisor import Supervisor
@@ -65,11 +66,20 @@ def _backends(adapters: list[Adapter] | None):
                     await asyncio.gather(*(w.start(ready_within) for w in workers))
                     supervisor.start()
                     local = [WorkerAdapter(w.url, name=w.name) for w in workers]
-                    chosen.insert(0, local[0] if len(local) == 1 else PoolAdapter(local, "local"))
+                    pool = PoolAdapter(
+                        local,
+                        "local",
+                        stall_timeout=settings.stall_timeout,
+                        on_stall=supervisor.restart,
+                    )
+                    chosen.insert(0, local[0] if len(local) == 1 else pool)
             for adapter in chosen:
                 await adapter.start()
                 started.append(adapter)
                 await app[CATALOG].add(adapter)
+            pools = [a for a in started if isinstance(a, PoolAdapter)]
+            if pools:
+                app[METRICS].registry.register(PoolCollector(pools))
             health = app[HEALTH] = BackendHealth(app[CATALOG].adapters)
             await health.start()
             log.info("backends ready", models=[m.id for m in app[CATALOG].models()])

@@ -68,6 +68,12 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="connections still sending their request head (default 1024; past it the oldest go)",
     )
     p.add_argument("--ping-interval", type=float, help="seconds of idle stream before a ': ping'")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        help="seconds a pool member may have work and take no engine step before it is ejected "
+        "(and, if local, restarted); default 10",
+    )
     p.add_argument("--config", help="TOML file with any of these settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 

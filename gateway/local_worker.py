@@ -114,6 +114,12 @@ class LocalWorker:
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"worker not ready after {ready_within:.0f} s")
 
+    def kill(self) -> None:
+        """SIGKILL a hung worker (SIGTERM would wait on the engine it is stuck in); its
+        supervisor starts it again."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
     async def stop(self, grace: float = 10.0) -> None:
         proc = self._proc
         if proc is None or proc.returncode is not None:

@@ -54,6 +54,7 @@ class Settings:
     max_pending_connections: int = 1024  # connections without a whole request head yet
     keepalive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
     ping_interval: float = 15.0
+    stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung
     worker_start_timeout: float = 300.0
     log_level: str = "info"
 

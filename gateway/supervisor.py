@@ -83,6 +83,14 @@ class Supervisor:
             asyncio.create_task(self._watch(w), name=f"supervise {w.name}") for w in self.workers
         ]
 
+    def restart(self, name: str) -> None:
+        """A worker whose engine is hung (the pool saw its steps stand still): kill it, and the
+        watch loop starts it again, with the same backoff as any exit."""
+        for worker in self.workers:
+            if worker.name == name:
+                log.error("worker hung; restarting it", member=name)
+                worker.kill()
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -172,6 +172,7 @@ class Engine:
             kv_blocks_total=s.kv_blocks_total,
             prefix_cache_hits=s.prefix_cache_hits,
             prefix_cache_queries=s.prefix_cache_queries,
+            steps_total=self._step_index,
         )
 
     def apply_aborts(self) -> list[RequestOutput]:

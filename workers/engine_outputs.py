@@ -40,3 +40,4 @@ class EngineStats:
     kv_blocks_total: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    steps_total: int = 0  # engine steps run: a member with work whose count stands still is hung

@@ -90,6 +90,7 @@ async def stats(request: web.Request) -> web.Response:
             "kv_blocks_total": snapshot.kv_blocks_total,
             "prefix_cache_hits": snapshot.prefix_cache_hits,
             "prefix_cache_queries": snapshot.prefix_cache_queries,
+            "steps": snapshot.steps_total,
         }
     )
 

@@ -85,6 +85,7 @@ async def test_health_and_model(client) -> None:
 
 
 async def test_generate_streams_ndjson(client) -> None:
+    steps_before = (await stats(client))["steps"]
     response = await client.post("/v1/generate", json=body(temperature=0, n=2))
     assert response.status == 200
     assert response.headers["Content-Type"] == "application/x-ndjson"
@@ -98,6 +99,8 @@ async def test_generate_streams_ndjson(client) -> None:
         (1, "length", 8),
     ]
     assert lines[-1] == {"type": "usage", "prompt_tokens": 17, "completion_tokens": 16}
+    # the engine's step counter moved (a prefill and 7 more decode steps at least)
+    assert (await stats(client))["steps"] >= steps_before + 8
     texts = {
         i: "".join(x["text"] for x in lines if x.get("index") == i and x["type"] == "text")
         for i in (0, 1)

@@ -1,0 +1,196 @@
+"""The pool's routing, health and retry (design §6), over fake members with a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry
+
+from adapters.base import BackendRejected, BackendUnavailable
+from adapters.events import Event, Finish, TextDelta
+from adapters.pool import PoolAdapter
+from adapters.requests import ChatRequest, Message
+from gateway.pool_metrics import PoolCollector
+
+
+class Member:
+    """A fake member: its health, its reported stats and how its streams go are set by tests."""
+
+    def __init__(self, name: str, fail: Exception | None = None) -> None:
+        self.name = name
+        self.up = True
+        self.hang = False
+        self.fail = fail
+        self.load = {"waiting": 0, "running": 0, "steps": 0}
+        self.served: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def ready(self) -> bool:
+        if self.hang:
+            import asyncio
+
+            await asyncio.Event().wait()
+        return self.up
+
+    async def stats(self) -> dict:
+        return dict(self.load)
+
+    async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        if self.fail is not None:
+            raise self.fail
+        self.served.append(request_id)
+        yield [TextDelta(self.name)]
+        yield [Finish("stop")]
+
+    async def abort(self, request_id: str) -> bool:
+        return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chat(text: str = "Hi") -> ChatRequest:
+    return ChatRequest(model="m", messages=[Message("user", text)])
+
+
+async def run(pool: PoolAdapter, request: ChatRequest, request_id: str) -> str:
+    out = [e for batch in [b async for b in pool.stream(request, request_id)] for e in batch]
+    return next(e.text for e in out if type(e) is TextDelta)
+
+
+async def test_load_from_the_members_own_stats_decides_and_a_burst_spreads():
+    a, b = Member("a"), Member("b")
+    a.load = {"waiting": 3, "running": 8, "steps": 1}
+    pool = PoolAdapter([a, b])
+    await pool.ready()
+    served = [await run(pool, chat(f"request {i}"), f"r{i}") for i in range(4)]
+    # b reported 0 against a's 11: the first go to b, each routed one counting until a report
+    assert served == ["b", "b", "b", "b"]
+    b.load = {"waiting": 20, "running": 8, "steps": 2}
+    await pool.ready()
+    assert await run(pool, chat("another"), "r9") == "a"
+
+
+async def test_a_shared_prefix_goes_back_to_its_member_unless_that_one_is_overloaded():
+    a, b = Member("a"), Member("b")
+    pool = PoolAdapter([a, b])
+    system = "You are a careful assistant. " * 40  # several prefix blocks
+    first = await run(pool, chat(system + "first question"), "r1")
+    other = await run(pool, chat("unrelated"), "r2")
+    assert other != first  # load spreads the unrelated one
+    again = [await run(pool, chat(system + f"question {i}"), f"q{i}") for i in range(4)]
+    assert again == [first] * 4  # equal loads would have taken turns: the prefix holds them
+    assert pool.affinity_routes >= 1
+    # the holder is now far busier than the other: load wins
+    busy = a if first == "a" else b
+    busy.load = {"waiting": 30, "running": 8, "steps": 5}
+    await pool.ready()
+    assert await run(pool, chat(system + "third question"), "r4") != first
+
+
+async def test_a_member_that_fails_before_the_first_event_is_retried_elsewhere_and_ejected():
+    dead = Member("dead", fail=BackendUnavailable("down"))
+    good = Member("good")
+    clock = Clock()
+    pool = PoolAdapter([dead, good], clock=clock)
+    assert [await run(pool, chat(), f"r{i}") for i in range(5)] == ["good"] * 5
+    snapshot = {row["member"]: row for row in pool.snapshot()}
+    assert snapshot["dead"]["failures"] == 1  # tried once, then left out
+    assert good.served == [f"r{i}" for i in range(5)]
+
+
+async def test_a_refusal_is_the_requests_own_and_is_not_retried():
+    bad = BackendRejected("bad request", "max_tokens")
+    first, second = Member("first", fail=bad), Member("second", fail=bad)
+    pool = PoolAdapter([first, second])
+    try:
+        await run(pool, chat(), "r1")
+    except BackendRejected:
+        pass
+    else:
+        raise AssertionError("the refusal should reach the caller")
+    assert sum(row["failures"] for row in pool.snapshot()) == 0
+
+
+async def test_with_every_member_down_the_request_is_unavailable():
+    pool = PoolAdapter([Member("x", fail=BackendUnavailable("down"))])
+    try:
+        await run(pool, chat(), "r1")
+    except BackendUnavailable:
+        pass
+    else:
+        raise AssertionError("no member could serve it")
+    assert await pool.ready() is True  # it answers probes: back in for the next request
+
+
+async def test_a_member_that_does_not_answer_its_probe_is_out_until_it_does():
+    hung, good = Member("hung"), Member("good")
+    pool = PoolAdapter([hung, good], probe_timeout=0.05)
+    hung.hang = True
+    assert await pool.ready() is True
+    assert [await run(pool, chat(f"q{i}"), f"r{i}") for i in range(3)] == ["good"] * 3
+    hung.hang = False
+    await pool.ready()
+    assert {row["member"]: row["healthy"] for row in pool.snapshot()} == {
+        "hung": True,
+        "good": True,
+    }
+
+
+async def test_a_member_with_work_whose_steps_stand_still_is_ejected_and_reported():
+    stuck, good = Member("stuck"), Member("good")
+    clock, stalls = Clock(), []
+    pool = PoolAdapter([stuck, good], stall_timeout=10.0, on_stall=stalls.append, clock=clock)
+    stuck.load = {"waiting": 1, "running": 2, "steps": 50}
+    await pool.ready()
+    clock.now += 9.0
+    await pool.ready()
+    assert stalls == []  # not yet
+    clock.now += 2.0
+    await pool.ready()
+    assert stalls == ["stuck"]
+    assert [await run(pool, chat(f"q{i}"), f"r{i}") for i in range(3)] == ["good"] * 3
+    clock.now += 30.0
+    await pool.ready()
+    assert stalls == ["stuck"]  # reported once per stall
+    stuck.load = {"waiting": 0, "running": 0, "steps": 0}  # restarted: idle, counting afresh
+    await pool.ready()
+    assert {row["member"]: row["healthy"] for row in pool.snapshot()}["stuck"] is True
+
+
+async def test_an_idle_member_is_never_stalled():
+    idle = Member("idle")
+    clock, stalls = Clock(), []
+    pool = PoolAdapter([idle], stall_timeout=1.0, on_stall=stalls.append, clock=clock)
+    for _ in range(5):
+        clock.now += 10
+        await pool.ready()
+    assert stalls == []
+
+
+async def test_the_members_are_metrics():
+    a, b = Member("a"), Member("b", fail=BackendUnavailable("down"))
+    pool = PoolAdapter([a, b])
+    for i in range(3):
+        await run(pool, chat(f"q{i}"), f"r{i}")
+    registry = CollectorRegistry()
+    registry.register(PoolCollector([pool]))
+
+    def value(name: str, **labels) -> float | None:
+        return registry.get_sample_value(name, {"pool": "pool", **labels})
+
+    assert value("sluice_pool_member_routed_total", member="a") == 3
+    assert value("sluice_pool_member_failures_total", member="b") == 1
+    assert value("sluice_pool_member_ejections_total", member="b") == 1
+    assert value("sluice_pool_member_in_flight", member="a") == 0
+    assert value("sluice_pool_member_healthy", member="a") == 1
