@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from adapters.base import BackendRejected, BackendUnavailable
@@ -32,8 +34,6 @@ class Member:
 
     async def ready(self) -> bool:
         if self.hang:
-            import asyncio
-
             await asyncio.Event().wait()
         return self.up
 
@@ -113,23 +113,15 @@ async def test_a_refusal_is_the_requests_own_and_is_not_retried():
     bad = BackendRejected("bad request", "max_tokens")
     first, second = Member("first", fail=bad), Member("second", fail=bad)
     pool = PoolAdapter([first, second])
-    try:
+    with pytest.raises(BackendRejected):  # the refusal reaches the caller
         await run(pool, chat(), "r1")
-    except BackendRejected:
-        pass
-    else:
-        raise AssertionError("the refusal should reach the caller")
     assert sum(row["failures"] for row in pool.snapshot()) == 0
 
 
 async def test_with_every_member_down_the_request_is_unavailable():
     pool = PoolAdapter([Member("x", fail=BackendUnavailable("down"))])
-    try:
+    with pytest.raises(BackendUnavailable):  # no member could serve it
         await run(pool, chat(), "r1")
-    except BackendUnavailable:
-        pass
-    else:
-        raise AssertionError("no member could serve it")
     assert await pool.ready() is True  # it answers probes: back in for the next request
 
 
