@@ -49,3 +49,6 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
+    # set by the gateway, never by a client: our workers share cached prompt blocks only between
+    # requests of one salt (one tenant, unless it opted into sharing)
+    cache_salt: str | None = None

@@ -68,7 +68,9 @@ def generate_request(request: ChatRequest, request_id: str) -> api.GenerateReque
         tools = parse_tools(request.tools, request.tool_choice)
     except InvalidParam as e:  # a shape the gateway let through but the worker cannot take
         raise BackendRejected(str(e), e.param) from None
-    return api.GenerateRequest(request_id, messages, params, response_format, tools)
+    return api.GenerateRequest(
+        request_id, messages, params, response_format, tools, request.cache_salt
+    )
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:

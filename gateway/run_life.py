@@ -60,6 +60,7 @@ class RunLife:
         self.chat = chat
         self.body = body
         adapter = backend_for(request, self.tenant, chat, body)
+        chat.cache_salt = self.tenant.cache_salt
         self.key = replays.idempotency_key(request)
         self.spec = RunSpec(
             run_id=new_run_id(),

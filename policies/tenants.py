@@ -7,6 +7,7 @@ tomlkit so the operator's comments and ordering survive, and only ever write key
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ _TENANT_FIELDS = (
     "models",
     *DEADLINE_FIELDS,
     "safety",
+    "share_prefix_cache",
     "keys",
 )
 _JWT_FIELDS = (
@@ -87,6 +89,15 @@ class Tenant:
     deadlines: dict[str, float] = field(default_factory=dict)  # any of DEADLINE_FIELDS
     keys: tuple[KeyEntry, ...] = ()
     safety: SafetyPolicy | None = None  # its [safety.NAME] policy; None: text is not checked
+    share_prefix_cache: bool = False  # its prompts may reuse (and be reused by) others' cache
+
+    @property
+    def cache_salt(self) -> str | None:
+        """What keeps this tenant's cached prompt blocks its own (None: shared with all who
+        share): a digest of its name, so workers never see the name."""
+        if self.share_prefix_cache:
+            return None
+        return hashlib.sha256(f"tenant:{self.name}".encode()).hexdigest()[:32]
 
     def allows_model(self, model: str) -> bool:
         # NOTE: fnmatchcase, not fnmatch: model names are case-sensitive on every platform.
@@ -191,7 +202,15 @@ def _tenant(
         deadlines={f: s for f, s in deadlines.items() if s is not None},
         keys=_keys(table.get("keys", []), where),
         safety=None if safety is None else policies[safety],
+        share_prefix_cache=_flag(table, "share_prefix_cache", where),
     )
+
+
+def _flag(table: dict[str, Any], name: str, where: Section) -> bool:
+    value = table.get(name, False)
+    if not isinstance(value, bool):
+        where.fail(name, f"expected true or false, got {value!r}")
+    return value
 
 
 def _keys(value: object, where: Section) -> tuple[KeyEntry, ...]:

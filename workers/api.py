@@ -46,6 +46,7 @@ class GenerateBody:
     params: SamplingParams
     response_format: ResponseFormat | None = None
     tools: ToolSpec | None = None
+    cache_salt: str | None = None  # prefix-cache isolation (the gateway sets one per tenant)
 
 
 def error_body(
@@ -192,7 +193,10 @@ def parse_generate(body: Any) -> GenerateBody:
         tools = parse_tools(body.get("tools"), body.get("tool_choice"))
     except InvalidParam as e:
         raise BadRequest(str(e), e.param) from None
-    return GenerateBody(request_id, messages, params, response_format, tools)
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 256):
+        raise BadRequest("cache_salt must be a string of 1 to 256 characters", "cache_salt")
+    return GenerateBody(request_id, messages, params, response_format, tools, salt)
 
 
 # -- the request body ------------------------------------------------------------------------
@@ -208,10 +212,13 @@ class GenerateRequest:
     params: SamplingParams
     response_format: ResponseFormat | None = None
     tools: ToolSpec | None = None
+    cache_salt: str | None = None
 
     def to_json(self) -> bytes:
         p = self.params
         extra: dict[str, Any] = {}
+        if self.cache_salt is not None:
+            extra["cache_salt"] = self.cache_salt
         if self.response_format is not None:
             extra["response_format"] = self.response_format.wire()
         if self.tools is not None:

@@ -39,6 +39,7 @@ class BlockOwner(Protocol):
     block_table: list[int]
     num_computed_tokens: int
     num_hashed_blocks: int
+    cache_salt: int  # where its prefix-hash chain starts: sequences of other salts share no block
 
     @property
     def token_ids(self) -> Seq[int]: ...
@@ -46,6 +47,11 @@ class BlockOwner(Protocol):
 
 def chain_hash(prefix_hash: int, token_ids: tuple[int, ...]) -> int:
     return hash((prefix_hash, token_ids))
+
+
+def salt_hash(salt: str | None) -> int:
+    """Where a request's prefix-hash chain starts (design §6: prefix caches are per tenant)."""
+    return NO_HASH if salt is None else hash(("cache_salt", salt))
 
 
 class BlockManager:
@@ -93,12 +99,14 @@ class BlockManager:
         block.reset()
         return block_id
 
-    def _cached_prefix(self, token_ids: Seq[int]) -> list[int]:
-        """Block ids whose computed KV covers a prefix of `token_ids` (never all of them)."""
+    def _cached_prefix(self, seq: BlockOwner) -> list[int]:
+        """Block ids whose computed KV covers a prefix of `seq`'s tokens (never all of them),
+        cached under its salt."""
         if not self.prefix_caching:
             return []
+        token_ids = seq.token_ids
         hits: list[int] = []
-        prefix_hash = NO_HASH
+        prefix_hash = seq.cache_salt
         # NOTE: at least one token must be computed to get logits, so the last block that would
         # cover the final token is never taken from the cache.
         full_blocks = (len(token_ids) - 1) // self.block_size
@@ -113,7 +121,7 @@ class BlockManager:
 
     def can_allocate(self, seq: BlockOwner) -> bool:
         """Whether `seq` (not yet holding blocks) fits: its tokens, less cached blocks."""
-        hits = self._cached_prefix(seq.token_ids)
+        hits = self._cached_prefix(seq)
         reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         needed = self.blocks_for(len(seq.token_ids)) - len(hits) + reused_free
         return needed <= self.num_free
@@ -121,7 +129,7 @@ class BlockManager:
     def allocate(self, seq: BlockOwner) -> None:
         """Give `seq` blocks for all its tokens, reusing cached prefix blocks."""
         assert not seq.block_table, "sequence already holds blocks"
-        hits = self._cached_prefix(seq.token_ids)
+        hits = self._cached_prefix(seq)
         self.prefix_queries += len(seq.token_ids)
         self.prefix_hits += len(hits) * self.block_size
         for block_id in hits:
@@ -184,7 +192,7 @@ class BlockManager:
         prefix_hash = (
             self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
             if seq.num_hashed_blocks
-            else NO_HASH
+            else seq.cache_salt
         )
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]

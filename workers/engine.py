@@ -18,7 +18,7 @@ import structlog
 import torch
 
 from workers import api
-from workers.block_manager import BlockManager
+from workers.block_manager import BlockManager, salt_hash
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.kv_cache import (
@@ -116,6 +116,7 @@ class Engine:
                 generator=None if params.greedy else seeded(params.seed, i, self.runner.device),
                 grammar=request.grammar.matcher() if request.grammar is not None else None,
                 tool_parser=ToolCallParser() if request.parse_tools else None,
+                cache_salt=salt_hash(request.cache_salt),
             )
             for i in range(params.n)
         ]

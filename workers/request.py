@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers import api
+from workers.block_manager import NO_HASH
 from workers.sampling_params import SamplingParams
 from workers.tool_parser import ToolCall
 
@@ -60,6 +61,7 @@ class EngineRequest:
     params: SamplingParams
     grammar: CompiledGrammar | None = None
     parse_tools: bool = False
+    cache_salt: str | None = None  # prefix-cache isolation: only the same salt shares blocks
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +85,7 @@ class SequenceState:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_hashed_blocks: int = 0
+    cache_salt: int = NO_HASH  # the block manager's chain start (block_manager.salt_hash)
     last_token_step: int = -1  # the engine step that produced the latest token
     hit_stop_string: bool = False
     tool_calls_sent: int = 0

@@ -175,7 +175,9 @@ class WorkerService:
             raise BadRequest(str(e), e.param, "context_length_exceeded") from None
         grammar = await self._compile(body)
         parse_tools = body.tools is not None and body.tools.offered
-        return EngineRequest(body.request_id, prompt_ids, body.params, grammar, parse_tools)
+        return EngineRequest(
+            body.request_id, prompt_ids, body.params, grammar, parse_tools, body.cache_salt
+        )
 
     async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:
         """The grammar the output must follow, compiled off the engine thread; a 400 naming the

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.block_manager import NO_HASH, BlockManager
+from workers.block_manager import NO_HASH, BlockManager, salt_hash
 
 
 @dataclass(eq=False)
@@ -15,6 +15,7 @@ class Seq:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_hashed_blocks: int = 0
+    cache_salt: int = NO_HASH
 
     @property
     def token_ids(self) -> list[int]:
@@ -53,6 +54,22 @@ def test_a_repeated_prompt_reuses_computed_full_blocks():
     assert b.num_computed_tokens == 8
     assert [bm.blocks[i].ref_count for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
     assert (bm.prefix_hits, bm.prefix_queries) == (8, 10 + 11)
+
+
+def test_prompts_of_other_salts_share_no_block_and_the_same_salt_shares_them():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(9))
+    acme = salt_hash("tenant-acme")
+    computed(bm, Seq(prompt, cache_salt=acme))
+    other = Seq(prompt, cache_salt=salt_hash("tenant-globex"))
+    bm.allocate(other)
+    unsalted = Seq(prompt)
+    bm.allocate(unsalted)
+    same = Seq(prompt, cache_salt=acme)
+    bm.allocate(same)
+    assert (other.num_computed_tokens, unsalted.num_computed_tokens) == (0, 0)
+    assert same.num_computed_tokens == 8  # its tenant's two full blocks
+    assert bm.prefix_hits == 8
 
 
 def test_the_last_token_is_always_computed_even_when_every_block_is_cached():
