@@ -16,20 +16,9 @@ from tests.support.waiting import until_sync
 PROMPT = [{"role": "user", "content": "Tell me a story about 你好 and café."}]
 
 
-@pytest.fixture(scope="module")
-def client(served) -> OpenAI:
-    return OpenAI(base_url=served.base_url, api_key=E2E_KEY, max_retries=0)
-
-
 @pytest.fixture
 def aclient(served) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=served.base_url, api_key=E2E_KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    (only,) = client.models.list().data
-    return only.id
 
 
 @pytest.fixture(scope="module")

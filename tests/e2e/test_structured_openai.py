@@ -6,10 +6,6 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import pytest
-from openai import OpenAI
-
-from tests.e2e.conftest import E2E_KEY
 
 PROMPT = [{"role": "user", "content": "Give me a user record."}]
 SCHEMA = {
@@ -33,17 +29,6 @@ WEATHER = {
 }
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 FORMAT = {"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA, "strict": True}}
-
-
-@pytest.fixture(scope="module")
-def client(served) -> OpenAI:
-    return OpenAI(base_url=served.base_url, api_key=E2E_KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    (only,) = client.models.list().data
-    return only.id
 
 
 def test_a_json_schema_answer_validates(client, model) -> None:
