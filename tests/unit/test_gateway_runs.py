@@ -174,8 +174,16 @@ async def test_a_resume_inside_the_grace_window_keeps_the_run(aiohttp_client, st
     assert adapter.aborted == {run_id: False}
 
 
+def pausing_script(request) -> list:
+    """Six pieces at once, then a long pause: when the grace window ends, nothing is in flight,
+    so the cancel is clean (a piece already on its way would be a measured tail)."""
+    return [TextDelta(p) for p in PIECES[:6]] + [60.0] + [TextDelta(p) for p in PIECES[6:]]
+
+
 async def test_no_resume_within_the_grace_window_cancels_and_counts(aiohttp_client, store_settings):
-    adapter, client = await make_client(aiohttp_client, store_settings, disconnect_grace=0.1)
+    adapter, client = await make_client(
+        aiohttp_client, store_settings, script=pausing_script, disconnect_grace=0.1
+    )
     head = await read_events(await start_stream(client), 4)
     run_id = head[0].json()["id"]
 
