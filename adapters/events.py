@@ -15,23 +15,27 @@ FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
 
 @dataclass(slots=True)
 class TextDelta:
-    """Text for one choice; `tokens` is how many generated tokens it carries."""
+    """Text for one choice; `tokens` is how many generated tokens it carries. `token_ids` are
+    those tokens where the upstream names them (our worker), so a run can continue elsewhere."""
 
     text: str
     index: int = 0
     tokens: int = 1
     logprobs: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
 class ToolCallDelta:
-    """A fragment of one tool call: id and name arrive first, arguments in pieces."""
+    """A fragment of one tool call: id and name arrive first, arguments in pieces. `token_ids`
+    as for TextDelta (our worker sends a call whole, with the ids of its markup)."""
 
     call_index: int
     arguments: str = ""
     id: str | None = None
     name: str | None = None
     index: int = 0
+    token_ids: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -1,37 +1,47 @@
 """Several adapters serving one model (design §6): each request goes to the member that serves
-it best, a failing member costs the client nothing it can see, and a hung one is ejected.
+it best, and a dead or hung member costs the client nothing it can see.
 
-- Routing: among the usable members (healthy, not ejected, not stalled), the one holding the
-  longest prefix of the prompt (adapters/prefix_affinity.py), unless it is overloaded (more than
-  `AFFINITY_SLACK` requests above the least loaded), in which case load wins; load is the
-  members' own reported waiting + running (adapters/pool_members.py).
+- Routing: adapters/pool_routing.py (prefix affinity bounded by load, by default).
 - Health: `ready()` (asked every second by the gateway's prober) probes every member at once,
   each within `probe_timeout`: a member that does not answer is out until it does; its reported
-  step counter shows a hung engine.
-- Retry: a request whose member fails before the first event (unreachable, 503, a broken
+  step counter shows a hung engine (adapters/pool_members.py). A member that stalls, or misses
+  `EVICT_AFTER_PROBES` probes in a row, has its streams moved elsewhere.
+- Failover: a request whose member fails before the first event (unreachable, 503, a broken
   connection) goes to the next member; a refusal (a 400) is the request's own fault and is not
-  retried. After the first event a failure is the run's (continuing it elsewhere is not done).
+  retried. A run whose member dies or is taken out mid-stream continues on another member from
+  the exact token (adapters/pool_continuation.py); a run that cannot be continued ends with a
+  `worker_failed` error event, never a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 import structlog
 
-from adapters.base import Adapter, BackendFailed, BackendUnavailable, ModelInfo
-from adapters.events import Event
-from adapters.pool_members import Member
-from adapters.prefix_affinity import PrefixAffinity, prefix_keys
+from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.events import ErrorEvent, Event
+from adapters.pool_continuation import RunProgress
+from adapters.pool_members import EVICT_AFTER_PROBES, Lease, Member, MemberLost
+from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
 
 log = structlog.get_logger("sluice.pool")
-AFFINITY_SLACK = 2
-RETRIED = (BackendUnavailable, BackendFailed)
+RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
+MIGRATION_WAIT = 30.0  # seconds a run waits for a member able to continue it (a restart)
+
+
+def worker_failed() -> ErrorEvent:
+    """The error a run ends with when its member failed and no other could continue it."""
+    return ErrorEvent(
+        "worker_failed",
+        "The model worker serving this request failed, and the run could not be continued.",
+    )
 
 
 class PoolAdapter:
@@ -40,39 +50,51 @@ class PoolAdapter:
         members: list[Adapter],
         name: str = "pool",
         *,
+        model: str | None = None,
+        routing: str = "affinity",
         stall_timeout: float = 10.0,
         probe_timeout: float = 0.8,
+        migration_wait: float = MIGRATION_WAIT,
         on_stall: Callable[[str], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`on_stall(member_name)`: a member's engine is hung (a local one can be restarted)."""
+        """`members` are started and closed by their owner, not by the pool (one adapter may
+        serve several models, so be a member of several pools). `model`: the model id this pool
+        serves (None: the first member's). `on_stall(member_name)`: a member's engine is hung
+        (a local one can be restarted)."""
         if not members:
             raise ValueError("a pool needs at least one member")
         self.name = name
+        self.model = model
         self.members = [Member(a) for a in members]
+        self.router = Router(routing)
         self.stall_timeout = stall_timeout
         self.probe_timeout = probe_timeout
+        self.migration_wait = migration_wait
         self.on_stall = on_stall
         self.clock = clock
-        self.affinity = PrefixAffinity()
-        self.affinity_routes = 0
-        self._turn = 0
-        self._serving: dict[str, Member] = {}  # live request id → the member streaming it
+        self.migrations: Counter[str] = Counter()  # outcome → runs
+        self._serving: dict[str, tuple[Lease, RunProgress]] = {}  # live request id → its stream
+        self._changed = asyncio.Event()  # set when a probe finds a member back
 
     async def start(self) -> None:
-        for member in self.members:
-            await member.adapter.start()
         await self.ready()
 
     async def close(self) -> None:
-        for member in self.members:
-            await member.adapter.close()
+        return None
 
     async def models(self) -> list[ModelInfo]:
-        return await self.members[0].adapter.models()
+        infos = await self.members[0].adapter.models()
+        return [i for i in infos if self.model is None or i.id == self.model][:1]
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
-        return self.members[0].adapter.unsupported_param(request)
+        """A parameter no member can honour (the others are routed around)."""
+        refused = [m.adapter.unsupported_param(request) for m in self.members]
+        return None if None in refused else refused[0]
+
+    @property
+    def affinity_routes(self) -> int:
+        return self.router.affinity_routes
 
     # -- health ----------------------------------------------------------------------------------
 
@@ -86,10 +108,15 @@ class PoolAdapter:
                 log.error("pool member stalled", member=member.name, steps=member.steps)
                 if self.on_stall is not None:
                     self.on_stall(member.name)
+            lost = member.stalled or member.silent_probes >= EVICT_AFTER_PROBES
+            if lost and (moved := member.evict_all()):
+                log.warning("pool member lost; moving its streams", member=member.name, n=moved)
             if member.usable(now) != was:
                 (log.info if not was else log.warning)(
                     "pool member back" if not was else "pool member out", member=member.name
                 )
+                if not was:
+                    self._changed.set()
         return any(m.usable(now) for m in self.members)
 
     async def _probe(self, member: Member) -> tuple[bool, dict[str, Any] | None]:
@@ -107,56 +134,124 @@ class PoolAdapter:
 
     # -- routing ---------------------------------------------------------------------------------
 
-    def choose(self, request: ChatRequest, tried: set[int]) -> int | None:
-        """The index of the member to send `request` to, or None when none is left."""
+    def choose(self, request: ChatRequest, tried: set[int], continuing: bool = False) -> int | None:
+        """The index of the member to send `request` to, or None when none is left. A
+        continuation goes only to members that can continue a run (our own workers)."""
         now = self.clock()
-        usable = [i for i, m in enumerate(self.members) if i not in tried and m.usable(now)]
-        if not usable:
-            return None
-        n, turn = len(self.members), self._turn
-        least = min(usable, key=lambda i: (self.members[i].score(), (i - turn) % n))
-        self._turn = (turn + 1) % n  # equal loads take turns
-        floor = self.members[least].score()
-        keys = prefix_keys(request)
-        chosen = least
-        for owner in self.affinity.owners(keys):
-            if owner in usable and self.members[owner].score() <= floor + AFFINITY_SLACK:
-                chosen = owner
-                self.affinity_routes += owner != least
-                break
-        self.affinity.remember(keys, chosen)
-        return chosen
+        usable = [
+            i
+            for i, m in enumerate(self.members)
+            if i not in tried
+            and m.usable(now)
+            and m.adapter.unsupported_param(request) is None
+            and (not continuing or getattr(m.adapter, "continues_runs", False))
+        ]
+        return None if not usable else self.router.choose(self.members, usable, request)
+
+    async def _member_for_continuation(self, run: RunProgress) -> int | None:
+        """A member to continue the run on, waiting up to `migration_wait` for one to come back
+        (a restarted worker); None when none did."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.migration_wait
+        while (index := self.choose(run.request, set(), continuing=True)) is None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
+            except TimeoutError:
+                return None
+        return index
+
+    # -- streaming -------------------------------------------------------------------------------
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        run = RunProgress(request)
         tried: set[int] = set()
         last: Exception = BackendUnavailable("No member of the pool can serve this model now.")
-        while (index := self.choose(request, tried)) is not None:
+        index = self.choose(request, tried)
+        while index is not None:
             tried.add(index)
             member = self.members[index]
-            member.routed += 1
-            member.routed_total += 1
-            member.in_flight += 1
-            self._serving[request_id] = member
-            started = False
             try:
-                async with aclosing(member.adapter.stream(request, request_id)) as events:
-                    async for batch in events:
-                        started = True
-                        yield batch
+                async for batch in self._stream_from(member, run, request_id):
+                    yield batch
                 return
             except RETRIED as exc:
-                if started:
-                    raise
                 member.failed(self.clock())
-                log.warning("pool member failed a request", member=member.name, retry=True)
                 last = exc
-            finally:
-                member.in_flight -= 1
-                if self._serving.get(request_id) is member:
-                    del self._serving[request_id]
+                if not run.started:
+                    log.warning("pool member failed a request", member=member.name, retry=True)
+                    index = self.choose(request, tried)
+                    continue
+                if run.aborting:
+                    raise  # the run is ending anyway: its driver reads no more
+                if run.finished:
+                    return  # choice 0 is whole: only its usage went missing
+                index = await self._migrate(run, member)
+                if index is None:
+                    yield [worker_failed()]
+                    return
+            except BackendRejected:
+                if not run.migrating:
+                    raise
+                self.migrations["failed"] += 1  # the continuation was refused
+                yield [worker_failed()]
+                return
         raise last
+
+    async def _migrate(self, run: RunProgress, failed: Member) -> int | None:
+        """The member that continues the run cut on `failed`; None, counted, when none can."""
+        outcome = run.why_not_continued()
+        index = None if outcome else await self._member_for_continuation(run)
+        if index is None:
+            self.migrations[outcome or "failed"] += 1
+            log.error("run not continued", member=failed.name, outcome=outcome or "failed")
+            return None
+        run.migrations += 1
+        run.migrating = True
+        log.warning(
+            "continuing run on another member",
+            member=failed.name,
+            to=self.members[index].name,
+            tokens=len(run.ids),
+        )
+        return index
+
+    async def _stream_from(
+        self, member: Member, run: RunProgress, request_id: str
+    ) -> AsyncIterator[list[Event]]:
+        """One member's stream of the run, while this member has it."""
+        member.routed += 1
+        member.routed_total += 1
+        lease = Lease(member)
+        member.leases.add(lease)
+        self._serving[request_id] = (lease, run)
+        counted = not run.migrating
+        try:
+            async with aclosing(member.adapter.stream(run.request, request_id)) as events:
+                while True:
+                    try:
+                        batch = await lease.read(events)
+                    except StopAsyncIteration:
+                        return
+                    if not counted:
+                        counted = True
+                        self.migrations["continued"] += 1
+                    if batch := run.passed(batch):
+                        yield batch
+        finally:
+            member.leases.discard(lease)
+            if self._serving.get(request_id, (None,))[0] is lease:
+                del self._serving[request_id]
 
     async def abort(self, request_id: str) -> bool:
         """Routed to the member streaming `request_id`; an id no member streams is False."""
-        member = self._serving.get(request_id)
-        return False if member is None else await member.adapter.abort(request_id)
+        serving = self._serving.get(request_id)
+        if serving is None:
+            return False
+        lease, run = serving
+        run.aborting = True
+        return await lease.member.adapter.abort(request_id)

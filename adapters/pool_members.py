@@ -11,12 +11,51 @@ local worker) is told so it can restart it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
 
 EJECT_FOR = 5.0  # seconds a member that failed a request sits out (a passing probe ends it early)
+EVICT_AFTER_PROBES = 3  # a member silent for this many probes in a row has its streams moved
+
+
+class MemberLost(Exception):
+    """The member streaming a request was taken out (hung, stalled, silent): move the request."""
+
+
+class Lease:
+    """One request streaming from one member: the pool can interrupt its read to move it."""
+
+    __slots__ = ("_reading", "evicted", "member")
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.evicted = False
+        self._reading: asyncio.Timeout | None = None
+
+    async def read(self, events: Any) -> Any:
+        """The member's next batch; MemberLost when the member was taken out, also while
+        waiting on it. StopAsyncIteration at the end, as `anext`."""
+        if self.evicted:
+            raise MemberLost(self.member.name)
+        try:
+            async with asyncio.timeout(None) as reading:
+                self._reading = reading
+                return await anext(events)
+        except TimeoutError:
+            if self.evicted:
+                raise MemberLost(self.member.name) from None
+            raise
+        finally:
+            self._reading = None
+
+    def evict(self) -> None:
+        """Interrupt the read now (it is waiting on a member that will not answer)."""
+        self.evicted = True
+        if self._reading is not None:
+            self._reading.reschedule(asyncio.get_running_loop().time())
 
 
 @dataclass(slots=True)
@@ -28,9 +67,12 @@ class Member:
     load: int = 0  # waiting + running, as it last reported
     reported: bool = False  # it reports stats (our workers); else `in_flight` is its load
     routed: int = 0  # requests routed to it since that report
-    in_flight: int = 0  # this gateway's requests streaming from it now
     steps: int | None = None
     steps_moved_at: float = 0.0  # when its step counter last moved (or it had no work)
+    silent_probes: int = 0  # probes in a row it did not pass
+    leases: set[Lease] = field(default_factory=set)  # this gateway's requests streaming from it
+    prefix_hit_ratio: float | None = None  # its prefix cache's hits / lookups, as it reports
+    kv_usage: float = 0.0  # the share of its KV blocks in use, as it reports
     # counted for the metrics
     routed_total: int = 0
     failures_total: int = 0
@@ -44,8 +86,18 @@ class Member:
     def usable(self, now: float) -> bool:
         return self.healthy and not self.stalled and now >= self.ejected_until
 
+    @property
+    def in_flight(self) -> int:
+        return len(self.leases)
+
     def score(self) -> int:
         return self.load + self.routed if self.reported else self.in_flight
+
+    def evict_all(self) -> int:
+        """Move every request streaming from this member elsewhere; how many there were."""
+        for lease in self.leases:
+            lease.evict()
+        return len(self.leases)
 
     def failed(self, now: float) -> None:
         """A request failed here before its first event: sit out, so the next goes elsewhere."""
@@ -56,6 +108,7 @@ class Member:
     def probed(self, ok: bool, stats: dict[str, Any] | None, now: float, stall_timeout: float):
         """A probe's result; True when this probe found the engine newly stalled."""
         self.healthy = ok
+        self.silent_probes = 0 if ok else self.silent_probes + 1
         if ok and now < self.ejected_until:
             self.ejected_until = 0.0  # it answers again: back in
         if stats is None:
@@ -63,6 +116,11 @@ class Member:
         self.reported, self.routed = True, 0
         work = int(stats.get("waiting", 0)) + int(stats.get("running", 0))
         self.load = work
+        total = stats.get("kv_blocks_total") or 0
+        self.kv_usage = (stats.get("kv_blocks_used") or 0) / total if total else 0.0
+        queries = stats.get("prefix_cache_queries") or 0
+        if queries:
+            self.prefix_hit_ratio = (stats.get("prefix_cache_hits") or 0) / queries
         steps = stats.get("steps")
         if steps is None:
             return False
@@ -87,4 +145,5 @@ class Member:
             "failures": self.failures_total,
             "ejections": self.ejections_total,
             "stalls": self.stalls_total,
+            "prefix_hit_ratio": self.prefix_hit_ratio,
         }

@@ -52,3 +52,9 @@ class ChatRequest:
     # set by the gateway, never by a client: our workers share cached prompt blocks only between
     # requests of one salt (one tenant, unless it opted into sharing)
     cache_salt: str | None = None
+    # set by the gateway, never by a client: the first message is a system prompt the tenants
+    # file declares shared, so our workers cache that message alone for every salt
+    shared_system_prompt: bool = False
+    # set by the gateway, never by a client: when a worker died mid-stream, the token ids of
+    # choice 0 it had streamed; the next worker goes on from them (docs/worker-api.md)
+    continuation: list[int] | None = None

@@ -69,7 +69,14 @@ def generate_request(request: ChatRequest, request_id: str) -> api.GenerateReque
     except InvalidParam as e:  # a shape the gateway let through but the worker cannot take
         raise BackendRejected(str(e), e.param) from None
     return api.GenerateRequest(
-        request_id, messages, params, response_format, tools, request.cache_salt
+        request_id,
+        messages,
+        params,
+        response_format,
+        tools,
+        request.cache_salt,
+        request.continuation,
+        request.shared_system_prompt,
     )
 
 
@@ -87,9 +94,11 @@ def to_event(line: api.Line) -> Event:
     """The internal event for one line of the worker's stream."""
     kind = type(line)
     if kind is api.TextLine:
-        return TextDelta(line.text, line.index, line.tokens, line.logprobs)
+        return TextDelta(line.text, line.index, line.tokens, line.logprobs, line.ids)
     if kind is api.ToolCallLine:
-        return ToolCallDelta(line.call_index, line.arguments, call_id(), line.name, line.index)
+        return ToolCallDelta(
+            line.call_index, line.arguments, call_id(), line.name, line.index, line.ids
+        )
     if kind is api.FinishLine:
         if line.reason == "abort":
             return Aborted(
@@ -107,6 +116,8 @@ def to_event(line: api.Line) -> Event:
 
 class WorkerAdapter:
     """One `sluice worker` reached at `base_url`."""
+
+    continues_runs = True  # takes a `continuation` (a run another worker started): a pool's cue
 
     def __init__(self, base_url: str, name: str = "worker") -> None:
         self.name = name

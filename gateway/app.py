@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 from collections.abc import AsyncIterator
 
@@ -12,39 +11,29 @@ from aiohttp import web
 
 from adapters.base import Adapter
 from adapters.catalog import Catalog
-from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
-from adapters.worker_client import WorkerAdapter
-from gateway.app_keys import AUTH, CATALOG, HEALTH, METRICS, OPEN_STREAMS, SETTINGS
+from gateway.app_keys import AUTH, CATALOG, DRAIN, HEALTH, METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.backend_health import BackendHealth
+from gateway.backends import local_workers, member_adapters, routed_backends
 from gateway.credentials import build_authenticator, watch_tenants_file
+from gateway.drain import SETTLE_MARGIN, Drain
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
-from gateway.local_worker import LocalWorker
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
 from gateway.pool_metrics import PoolCollector
-from gateway.settings import DEFAULT_MODEL, Settings
+from gateway.settings import Settings
 from gateway.stores import shared_state
 from gateway.supervisor import Supervisor
 
 log = structlog.get_logger("sluice.app")
 
 
-def _remote_adapters(settings: Settings) -> list[Adapter]:
-    adapters: list[Adapter] = [
-        WorkerAdapter(url, name=f"worker:{url}") for url in settings.worker_url
-    ]
-    for name, url in settings.upstreams():
-        key = os.environ.get(f"SLUICE_UPSTREAM_API_KEY_{name.upper().replace('-', '_')}")
-        adapters.append(OpenAIUpstreamAdapter(name, url, api_key=key))
-    return adapters
-
-
 def _backends(adapters: list[Adapter] | None):
-    """cleanup_ctx: start local workers and adapters, fill the catalog; undo it all at exit."""
+    """cleanup_ctx: start local workers and members, route the models (gateway/backends.py);
+    undo it all at exit."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
@@ -52,32 +41,27 @@ def _backends(adapters: list[Adapter] | None):
         health: BackendHealth | None = None
         started: list[Adapter] = []
         try:
-            chosen = adapters
-            if chosen is None:
-                chosen = _remote_adapters(settings)
-                if settings.starts_local_workers:
-                    model = settings.model or DEFAULT_MODEL
-                    workers = [
-                        LocalWorker(model, settings.device, settings.dtype, settings.max_body_bytes)
-                        for _ in range(max(1, settings.workers))
-                    ]
+            members = adapters
+            routed = adapters
+            if members is None:
+                workers = local_workers(settings)
+                if workers:
                     ready_within = settings.worker_start_timeout
                     supervisor = Supervisor(workers, app[METRICS], ready_within)
                     await asyncio.gather(*(w.start(ready_within) for w in workers))
                     supervisor.start()
-                    local = [WorkerAdapter(w.url, name=w.name) for w in workers]
-                    pool = PoolAdapter(
-                        local,
-                        "local",
-                        stall_timeout=settings.stall_timeout,
-                        on_stall=supervisor.restart,
-                    )
-                    chosen.insert(0, local[0] if len(local) == 1 else pool)
-            for adapter in chosen:
+                members = member_adapters(settings, workers)
+            for adapter in members:
                 await adapter.start()
                 started.append(adapter)
+            if routed is None:
+                local = {w.name for w in supervisor.workers} if supervisor else set()
+                routed = await routed_backends(settings, started, local, supervisor)
+            for adapter in routed:
+                if adapter not in started:
+                    await adapter.start()  # a pool: its first probe of the members
                 await app[CATALOG].add(adapter)
-            pools = [a for a in started if isinstance(a, PoolAdapter)]
+            pools = [a for a in routed if isinstance(a, PoolAdapter)]
             if pools:
                 app[METRICS].registry.register(PoolCollector(pools))
             health = app[HEALTH] = BackendHealth(app[CATALOG].adapters)
@@ -95,8 +79,13 @@ def _backends(adapters: list[Adapter] | None):
     return ctx
 
 
-async def _cancel_open_streams(app: web.Application) -> None:
-    """on_shutdown: end live streams now instead of waiting out the shutdown timeout."""
+async def _drain_then_close_streams(app: web.Application) -> None:
+    """on_shutdown: finish the drain (gateway/drain.py) so streams get their runs' end and
+    [DONE] before connections close, then end the streams still open now instead of waiting
+    out the shutdown timeout. `sluice serve` drains on SIGTERM while still listening; an app
+    shut down without that (tests, another runner) cancels its live runs here, without a wait."""
+    drain = app[DRAIN]
+    await drain.run(app.get(RUNS), app[OPEN_STREAMS], None if drain.draining else 0.0)
     for task in list(app[OPEN_STREAMS]):
         task.cancel()
 
@@ -111,11 +100,12 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app[AUTH] = build_authenticator(settings)
     app[CATALOG] = Catalog()
     app[OPEN_STREAMS] = weakref.WeakSet()
+    app[DRAIN] = Drain(settings.shutdown_timeout, settings.cancel_confirm_timeout + SETTLE_MARGIN)
     app.cleanup_ctx.append(_backends(adapters))
     app.cleanup_ctx.append(shared_state)  # after the backends: closed before them
     app.cleanup_ctx.append(watch_tenants_file)
     app.on_response_prepare.append(add_request_id)
-    app.on_shutdown.append(_cancel_open_streams)
+    app.on_shutdown.append(_drain_then_close_streams)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/chat/completions/{id}", retrieve_chat_completion)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_chat_completion)

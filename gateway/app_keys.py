@@ -8,6 +8,7 @@ from aiohttp import web
 
 from adapters.catalog import Catalog
 from gateway.backend_health import BackendHealth
+from gateway.drain import Drain
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.redis_client import SharedRedis
@@ -31,6 +32,7 @@ IDEMPOTENCY = web.AppKey("idempotency", IdempotencyStore)
 LEDGER = web.AppKey("ledger", UsageLedger)
 REDIS = web.AppKey("redis", SharedRedis)  # only with --redis-url
 DEFERRED = web.AppKey("deferred", DeferredWrites)
+DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from adapters.pool_routing import ROUTINGS
 from gateway.http_server import GatewayRunner
 from gateway.logging import configure_logging
 from gateway.settings import Settings, load_settings
@@ -74,6 +75,18 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a pool member may have work and take no engine step before it is ejected "
         "(and, if local, restarted); default 10",
     )
+    p.add_argument(
+        "--pool-routing",
+        choices=list(ROUTINGS),
+        help="how a pool picks a member: affinity (prefix cache, bounded by load; the default), "
+        "least_load, random",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        help="seconds live runs get to finish after SIGTERM/SIGINT before they are cancelled "
+        "(default 30)",
+    )
     p.add_argument("--config", help="TOML file with any of these settings")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
@@ -104,7 +117,7 @@ Try it:
 
 async def _serve(settings: Settings, generated_key: str | None) -> None:
     from gateway.app import create_app
-    from gateway.app_keys import CATALOG
+    from gateway.app_keys import CATALOG, DRAIN, OPEN_STREAMS, RUNS
 
     app = create_app(settings)
     # NOTE: aiohttp's access log formats a plain-text line per request; the structured
@@ -127,11 +140,21 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
         print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)
     print(f"sluicegate ready on http://{settings.host}:{settings.port}", flush=True)
     stop = asyncio.Event()
+    drain = app[DRAIN]
+
+    def on_signal() -> None:
+        if stop.is_set():
+            drain.hurry()  # a second signal: cancel the live runs now
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await stop.wait()
+        # NOTE: the drain runs while the site still listens, so /readyz says "draining" and
+        # new requests get a 503 to retry elsewhere; aiohttp's shutdown comes after it.
+        await drain.run(app[RUNS], app[OPEN_STREAMS])
     finally:
         await runner.cleanup()
 

@@ -1,7 +1,9 @@
 """Start, watch and stop `sluice worker` processes that the gateway owns.
 
 Each worker is a child process; it gets SIGTERM when the gateway exits (and, on Linux, when the
-gateway dies without cleaning up), so Ctrl-C or SIGTERM on `sluice serve` leaves no orphans.
+gateway dies without cleaning up), so Ctrl-C or SIGTERM on `sluice serve` leaves no orphans. It
+runs in a process group of its own, so a Ctrl-C in the terminal does not stop it before the
+gateway has drained the runs it serves.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ class LocalWorker:
                 "or point the gateway at workers or upstreams with --worker-url / --upstream"
             )
         log.info("starting worker", model=self.model, port=self.port)
+        # NOTE: a process group of its own, so a terminal's Ctrl-C reaches the gateway only:
+        # the gateway drains its runs first and stops its workers after (gateway/drain.py).
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command(), preexec_fn=_die_with_parent
+            *self.command(), preexec_fn=_die_with_parent, process_group=0
         )
         try:
             await self._wait_ready(ready_within)

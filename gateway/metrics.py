@@ -111,8 +111,9 @@ class GatewayMetrics:
         """How well early stops worked."""
         self.cancellations = Counter(
             "sluice_cancellations_total",
-            "Runs stopped early, by source (client, disconnect, timeout, safety) and outcome "
-            "(clean: no token after the cancel; tail: some; unconfirmed: never confirmed).",
+            "Runs stopped early, by source (client, disconnect, timeout, safety, store, lost, "
+            "shutdown) and outcome (clean: no token after the cancel; tail: some; unconfirmed: "
+            "never confirmed).",
             ["source", "outcome"],
             registry=r,
         )

@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from adapters.pool import PoolAdapter
 
+MIGRATION_OUTCOMES = ("continued", "failed", "not_continuable")
+
 _COUNTERS = {
     "routed": "Requests routed to the pool member.",
     "failures": "Requests the member failed before their first event (then retried elsewhere).",
@@ -43,6 +45,18 @@ class PoolCollector:
             "Requests sent by prefix affinity to a member other than the least loaded.",
             labels=["pool"],
         )
+        hit_ratio = GaugeMetricFamily(
+            "sluice_pool_member_prefix_cache_hit_ratio",
+            "The member's prefix-cache hits per lookup, as it reports them (our own workers).",
+            labels=labels,
+        )
+        migrations = CounterMetricFamily(
+            "sluice_run_migrations",
+            "Runs whose member failed mid-stream, by outcome: continued on another member, "
+            "failed (no member could take it), not_continuable (several choices, or a member "
+            "that cannot continue a run, such as an OpenAI-compatible server).",
+            labels=["pool", "outcome"],
+        )
         for pool in self.pools:
             for row in pool.snapshot():
                 key = [pool.name, row["member"]]
@@ -50,8 +64,14 @@ class PoolCollector:
                     family.add_metric(key, row[name])
                 in_flight.add_metric(key, row["in_flight"])
                 healthy.add_metric(key, int(row["healthy"]))
+                if row["prefix_hit_ratio"] is not None:
+                    hit_ratio.add_metric(key, row["prefix_hit_ratio"])
             affinity.add_metric([pool.name], pool.affinity_routes)
+            for outcome in MIGRATION_OUTCOMES:
+                migrations.add_metric([pool.name, outcome], pool.migrations[outcome])
         yield from counters.values()
         yield in_flight
         yield healthy
         yield affinity
+        yield hit_ratio
+        yield migrations

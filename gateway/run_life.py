@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from adapters.requests import ChatRequest
+from adapters.requests import ChatRequest, Message
 from gateway import replays
 from gateway.admission import backend_for, prompt_estimate, reserve
 from gateway.app_keys import (
+    AUTH,
     DEFERRED,
     LEDGER,
     PRINCIPAL,
@@ -61,6 +62,8 @@ class RunLife:
         self.body = body
         adapter = backend_for(request, self.tenant, chat, body)
         chat.cache_salt = self.tenant.cache_salt
+        shared = self.app[AUTH].config.shared_system_prompts  # the current file's, reloads too
+        chat.shared_system_prompt = opens_with_shared_prompt(chat.messages, shared)
         self.key = replays.idempotency_key(request)
         self.spec = RunSpec(
             run_id=new_run_id(),
@@ -146,6 +149,13 @@ class RunLife:
             )
             await deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
         await app[LEDGER].append(usage_record(outcome))
+
+
+def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) -> bool:
+    """Whether the first message is a system prompt the tenants file declares shared: only its
+    text is then cached for all tenants (design §5); a near miss shares nothing."""
+    first = messages[0] if messages else None
+    return first is not None and first.role in ("system", "developer") and first.content in shared
 
 
 def usage_record(outcome: RunOutcome) -> UsageRecord:

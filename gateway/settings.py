@@ -55,6 +55,8 @@ class Settings:
     keepalive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
     ping_interval: float = 15.0
     stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung
+    shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
+    pool_routing: str = "affinity"  # affinity | least_load | random (adapters/pool_routing.py)
     worker_start_timeout: float = 300.0
     log_level: str = "info"
 

@@ -50,6 +50,7 @@ _JWT_FIELDS = (
     "leeway",
 )
 _KEY_SOURCES = ("jwks_file", "public_key_file", "hs256_secret_env")
+_PREFIX_CACHE_FIELDS = ("shared_system_prompts",)
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
 _NEW_FILE_HEADER = (
     "# sluicegate tenants (see design §5). `sluice keys create` records keys here as SHA-256\n"
@@ -123,6 +124,10 @@ class TenantsConfig:
     tenants: dict[str, Tenant]
     jwt: JWTSettings | None = None
     path: str | None = None
+    # `[prefix_cache] shared_system_prompts`: a request whose first message is a system (or
+    # developer) message with exactly one of these texts shares that message's cached blocks
+    # with every tenant; what follows it stays the tenant's own (design §5)
+    shared_system_prompts: frozenset[str] = frozenset()
 
 
 def load_tenants(path: str | Path) -> TenantsConfig:
@@ -154,7 +159,7 @@ def _parse_text(text: str, path: Path) -> TenantsConfig:
 
 def _parse(raw: dict[str, Any], path: Path) -> TenantsConfig:
     top = Section(path, "top level")
-    top.reject_unknown(raw, ("tenants", "safety", "jwt"))
+    top.reject_unknown(raw, ("tenants", "safety", "jwt", "prefix_cache"))
     policies = {
         name: parse_policy(name, table, path)
         for name, table in _tables(raw, "safety", path).items()
@@ -165,7 +170,8 @@ def _parse(raw: dict[str, Any], path: Path) -> TenantsConfig:
     }
     _check_unique_keys(tenants, path)
     jwt = _jwt(raw["jwt"], path) if "jwt" in raw else None
-    return TenantsConfig(tenants=tenants, jwt=jwt, path=str(path))
+    shared = _shared_system_prompts(raw.get("prefix_cache", {}), path)
+    return TenantsConfig(tenants=tenants, jwt=jwt, path=str(path), shared_system_prompts=shared)
 
 
 def _tables(raw: dict[str, Any], name: str, path: Path) -> dict[str, dict]:
@@ -278,6 +284,15 @@ def _jwt(table: object, path: Path) -> JWTSettings:
         tenant_claim=where.text(table, "tenant_claim") or "tenant",
         leeway=30.0 if leeway is None else leeway,
     )
+
+
+def _shared_system_prompts(table: object, path: Path) -> frozenset[str]:
+    """The `[prefix_cache]` table: the system prompts all tenants may share in the cache."""
+    where = Section(path, "[prefix_cache]")
+    if not isinstance(table, dict):
+        where.fail("prefix_cache", "expected a table")
+    where.reject_unknown(table, _PREFIX_CACHE_FIELDS)
+    return frozenset(where.strings(table, "shared_system_prompts") or ())
 
 
 def _beside(path: Path, name: str | None) -> str | None:

@@ -33,7 +33,13 @@ def reload_now(path: str | Path, on_change: OnChange) -> bool:
         )
         return False
     keys = sum(len(t.keys) for t in config.tenants.values())
-    log.info("tenants reloaded", path=str(path), tenants=len(config.tenants), keys=keys)
+    log.info(
+        "tenants reloaded",
+        path=str(path),
+        tenants=len(config.tenants),
+        keys=keys,
+        shared_system_prompts=len(config.shared_system_prompts),
+    )
     return True
 
 

@@ -10,7 +10,7 @@ bool is not an int) and names the offending field; unknown fields are ignored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -22,8 +22,15 @@ from workers.sampling_params import InvalidParam, SamplingParams
 # 2: response_format, tools and tool_choice in the body, tool-call fields on messages, the
 # `tool_call` line and the `tool_calls` finish reason. A version-1 worker would ignore those
 # fields silently, so the gateway refuses to talk to one.
-API_VERSION = 2
+# 3: `ids` on `text` and `tool_call` lines, `continuation` in the body (a run another worker
+# started, continued from its exact token). A version-2 worker would ignore `continuation` and
+# generate the text again from the start. (`shared_system_prompt` needed no new version: a worker
+# that ignores it only shares less.)
+API_VERSION = 3
 MAX_REQUEST_ID_LEN = 256
+# Far above any context length: the model's own limit is the worker's check (Engine.check_fits);
+# this one only bounds the parsing.
+MAX_CONTINUATION = 1 << 20
 _MISSING = object()
 
 
@@ -47,6 +54,8 @@ class GenerateBody:
     response_format: ResponseFormat | None = None
     tools: ToolSpec | None = None
     cache_salt: str | None = None  # prefix-cache isolation (the gateway sets one per tenant)
+    continuation: tuple[int, ...] = ()  # choice 0's tokens another worker already streamed
+    shared_system_prompt: bool = False  # the first message may be cached for every salt
 
 
 def error_body(
@@ -101,6 +110,24 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
         raise BadRequest(
             "stop_token_ids must be a list of integers", "stop_token_ids", "invalid_type"
         )
+    return tuple(value)
+
+
+def _continuation(body: dict[str, Any], n: int) -> tuple[int, ...]:
+    """Token ids another worker generated for choice 0 and the client already received."""
+    value = _field(body, "continuation", [])
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise BadRequest(
+            "continuation must be a list of token ids (integers >= 0)",
+            "continuation",
+            "invalid_type",
+        )
+    if len(value) > MAX_CONTINUATION:
+        raise BadRequest(f"continuation has at most {MAX_CONTINUATION} ids", "continuation")
+    if value and n != 1:
+        raise BadRequest("continuation requires n = 1", "continuation")
     return tuple(value)
 
 
@@ -196,7 +223,11 @@ def parse_generate(body: Any) -> GenerateBody:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= 256):
         raise BadRequest("cache_salt must be a string of 1 to 256 characters", "cache_salt")
-    return GenerateBody(request_id, messages, params, response_format, tools, salt)
+    continuation = _continuation(body, params.n)
+    shared = _bool(body, "shared_system_prompt", False)
+    return GenerateBody(
+        request_id, messages, params, response_format, tools, salt, continuation, shared
+    )
 
 
 # -- the request body ------------------------------------------------------------------------
@@ -213,12 +244,18 @@ class GenerateRequest:
     response_format: ResponseFormat | None = None
     tools: ToolSpec | None = None
     cache_salt: str | None = None
+    continuation: list[int] | None = None  # choice 0's ids a dead worker already streamed
+    shared_system_prompt: bool = False  # the gateway's word: the first message is declared shared
 
     def to_json(self) -> bytes:
         p = self.params
         extra: dict[str, Any] = {}
         if self.cache_salt is not None:
             extra["cache_salt"] = self.cache_salt
+        if self.shared_system_prompt:
+            extra["shared_system_prompt"] = True
+        if self.continuation is not None:
+            extra["continuation"] = self.continuation
         if self.response_format is not None:
             extra["response_format"] = self.response_format.wire()
         if self.tools is not None:
@@ -272,16 +309,24 @@ class AdmittedLine:
 
 @dataclass(slots=True)
 class TextLine:
-    """Released text of one choice; `tokens` is how many generated tokens it carries."""
+    """Released text of one choice; `tokens` is how many generated tokens it carries and `ids`
+    are those tokens (what a `continuation` resubmits)."""
 
     index: int
     text: str
     tokens: int
     logprobs: list[dict[str, Any]] | None = None  # OpenAI's `content` list, when asked for
+    ids: list[int] = field(default_factory=list)  # len(ids) == tokens
     type: str = "text"
 
     def wire(self) -> dict[str, Any]:
-        out = {"type": "text", "index": self.index, "text": self.text, "tokens": self.tokens}
+        out = {
+            "type": "text",
+            "index": self.index,
+            "text": self.text,
+            "tokens": self.tokens,
+            "ids": self.ids,
+        }
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
         return out
@@ -290,13 +335,15 @@ class TextLine:
 @dataclass(slots=True)
 class ToolCallLine:
     """One whole tool call the model made in choice `index` (`call_index` counts its calls);
-    `arguments` is a JSON string, `tokens` the generated tokens its markup took."""
+    `arguments` is a JSON string, `tokens` the generated tokens its markup took, `ids` those
+    tokens."""
 
     index: int
     call_index: int
     name: str
     arguments: str
     tokens: int
+    ids: list[int] = field(default_factory=list)  # len(ids) == tokens
     type: str = "tool_call"
 
     def wire(self) -> dict[str, Any]:
@@ -307,6 +354,7 @@ class ToolCallLine:
             "name": self.name,
             "arguments": self.arguments,
             "tokens": self.tokens,
+            "ids": self.ids,
         }
 
 

@@ -20,12 +20,13 @@ import structlog
 
 from workers import api
 from workers.engine import ENGINE_ERROR, Engine
-from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
+from workers.engine_outputs import ContextTooLong, EngineStats, InvalidContinuation, RequestOutput
 from workers.request import EngineRequest
 
 log = structlog.get_logger("sluice.worker.loop")
 
 SHUTTING_DOWN = "shutting_down"
+INVALID_CONTINUATION = "invalid_continuation"
 
 
 class DuplicateRequest(ValueError):
@@ -92,9 +93,9 @@ class AsyncEngine:
         self._send_abort(request_id)
         return True
 
-    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
+    def check_fits(self, prompt_len: int, max_tokens: int | None, continuation: int = 0) -> None:
         """Raises ContextTooLong for a request that can never run here (Engine.check_fits)."""
-        self._engine.check_fits(prompt_len, max_tokens)
+        self._engine.check_fits(prompt_len, max_tokens, continuation)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         """Yield the worker-api lines of one request: `start`, then what the engine produces.
@@ -199,6 +200,9 @@ class AsyncEngine:
                 self._engine.add_request(request)
             except ContextTooLong as e:  # a caller that did not check first (the service does)
                 event = api.ErrorLine("context_length_exceeded", str(e))
+                outputs.append(RequestOutput(request.request_id, [event], finished=True))
+            except InvalidContinuation as e:  # the service checks the grammar, not the stops
+                event = api.ErrorLine(INVALID_CONTINUATION, str(e))
                 outputs.append(RequestOutput(request.request_id, [event], finished=True))
         return outputs
 

@@ -8,6 +8,11 @@ collision can never hand out the wrong KV. Freed blocks keep their hash and stay
 the block is handed out again; the free list is LRU (freed blocks go to the back, allocation takes
 from the front) and a sequence frees its blocks last-first, so shared prefixes stay cached
 longest.
+
+NOTE on salts: a sequence's chain starts from its salt (design §6: one tenant's cache is its
+own), except for its `shared_blocks` leading blocks, which lie wholly inside a system prompt the
+gateway declared shared: those chain from NO_HASH, as an unsalted prompt's do, so every tenant
+finds them, and the salt joins the chain at the first block after them (`chain_parent`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class BlockOwner(Protocol):
     num_computed_tokens: int
     num_hashed_blocks: int
     cache_salt: int  # where its prefix-hash chain starts: sequences of other salts share no block
+    shared_blocks: int  # leading blocks of a declared shared system prompt, hashed unsalted
 
     @property
     def token_ids(self) -> Seq[int]: ...
@@ -52,6 +58,25 @@ def chain_hash(prefix_hash: int, token_ids: tuple[int, ...]) -> int:
 def salt_hash(salt: str | None) -> int:
     """Where a request's prefix-hash chain starts (design §6: prefix caches are per tenant)."""
     return NO_HASH if salt is None else hash(("cache_salt", salt))
+
+
+SHARED_PROMPT_START = hash(("shared_system_prompt",))
+
+
+def chain_parent(seq: BlockOwner, index: int, previous: int) -> int:
+    """The hash block `index` of `seq` chains on; `previous` is block `index - 1`'s hash.
+
+    Without shared blocks the chain starts from the salt, as it always has. With them it starts
+    from a constant of its own (not the unsalted chain of tenants that share their cache, which
+    would tell an isolated tenant that one of them sent the prompt) and takes the salt in after
+    the last shared block, so what follows a shared system prompt is as private as a whole
+    prompt of the tenant's own.
+    """
+    if index == 0:
+        return SHARED_PROMPT_START if seq.shared_blocks else seq.cache_salt
+    if index == seq.shared_blocks and seq.cache_salt != NO_HASH:
+        return hash(("cache_salt", previous, seq.cache_salt))
+    return previous
 
 
 class BlockManager:
@@ -101,18 +126,18 @@ class BlockManager:
 
     def _cached_prefix(self, seq: BlockOwner) -> list[int]:
         """Block ids whose computed KV covers a prefix of `seq`'s tokens (never all of them),
-        cached under its salt."""
+        cached under its salt (its shared blocks under none)."""
         if not self.prefix_caching:
             return []
         token_ids = seq.token_ids
         hits: list[int] = []
-        prefix_hash = seq.cache_salt
+        prefix_hash = NO_HASH
         # NOTE: at least one token must be computed to get logits, so the last block that would
         # cover the final token is never taken from the cache.
         full_blocks = (len(token_ids) - 1) // self.block_size
         for i in range(full_blocks):
             tokens = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            prefix_hash = chain_hash(prefix_hash, tokens)
+            prefix_hash = chain_hash(chain_parent(seq, i, prefix_hash), tokens)
             block_id = self.hash_to_block.get(prefix_hash)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
@@ -192,12 +217,12 @@ class BlockManager:
         prefix_hash = (
             self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash
             if seq.num_hashed_blocks
-            else seq.cache_salt
+            else NO_HASH
         )
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             block_tokens = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            prefix_hash = chain_hash(prefix_hash, block_tokens)
+            prefix_hash = chain_hash(chain_parent(seq, i, prefix_hash), block_tokens)
             block.hash = prefix_hash
             block.token_ids = block_tokens
             self.hash_to_block.setdefault(prefix_hash, block.block_id)

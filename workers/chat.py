@@ -8,6 +8,9 @@ Tools: a template that knows them (it mentions `tools`, as Qwen2's and Hermes' d
 the tool turns as transformers passes them, arguments as objects. Any other template gets the
 Hermes convention written into the messages themselves (tool_prompt.py): the tools in the system
 prompt, the assistant's calls as `<tool_call>` blocks, results as `<tool_response>` blocks.
+
+A system prompt the gateway declares shared (design §5) is cached for every tenant: only the
+prompt's leading tokens that are that message rendered alone (`shared_prefix_len`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,38 @@ def render_prompt(
 ) -> list[int]:
     """Prompt ids for `messages` (plain-string content; tool fields as workers/api.py keeps
     them). With `tool_choice` none the tools are not shown to the model at all."""
+    return _tokens(tokenizer, _render_text(tokenizer, messages, tools, generation_prompt=True))
+
+
+def shared_prefix_len(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: list[int]) -> int:
+    """How many of `prompt_ids` are the first message alone: a system (or developer) message,
+    rendered by itself from its role and text, without tools or a generation prompt. 0 when
+    the prompt does not begin with exactly those tokens, or the first message is not one.
+
+    NOTE: the tokens counted are exactly those of the message rendered from its role and text
+    alone, so they may be cached for every tenant once the gateway vouches that the text is
+    declared shared. Whatever else a request carries (tools written into the system turn, a
+    `name`, the turns after it) either comes after them or makes the prompt differ from them,
+    and then nothing is shared.
+    """
+    first = messages[0] if messages else None
+    if first is None or first["role"] not in ("system", "developer"):
+        return 0
+    alone = [{"role": first["role"], "content": first["content"]}]
+    try:
+        ids = _tokens(tokenizer, _render_text(tokenizer, alone, None, generation_prompt=False))
+    except ChatTemplateError:  # a template that will not render a system turn alone
+        return 0
+    return len(ids) if prompt_ids[: len(ids)] == ids else 0
+
+
+def _render_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSpec | None,
+    *,
+    generation_prompt: bool,
+) -> str:
     template = _template_text(tokenizer)
     if not template:
         raise ChatTemplateError("this model has no chat template")
@@ -57,9 +92,12 @@ def render_prompt(
         else:
             messages = hermes_messages(messages, offered)
     try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )
     except (TemplateError, ValueError, TypeError, KeyError) as e:  # a 400 for the caller
         raise ChatTemplateError(f"the chat template rejected the messages: {e}") from None
+
+
+def _tokens(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -19,6 +19,7 @@ import torch
 
 from workers import api
 from workers.block_manager import BlockManager, salt_hash
+from workers.continuation import replay
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.kv_cache import (
@@ -87,6 +88,7 @@ class Engine:
         self.sampler = Sampler(self.table)
         self.stop_ctx = StopContext(eos_token_ids(model, tokenizer), self.max_model_len)
         self._requests: dict[str, Request] = {}
+        self._early: dict[str, RequestOutput] = {}  # made by add_request, out with the next step
         self._ending: set[str] = set()  # requests a sequence of which finished this step
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
         self._step_index = 0
@@ -97,11 +99,14 @@ class Engine:
     # -- the interface --------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request. Raises ContextTooLong when it can never run here (see check_fits).
+        """Queue a request. Raises ContextTooLong when it can never run here (see check_fits),
+        InvalidContinuation for a continuation it could not have produced (continuation.py).
         Request ids are unique among live requests: the async loop is where that is checked."""
         assert request.request_id not in self._requests, "a live request id was given again"
         params = request.params
-        self.check_fits(len(request.prompt_ids), params.max_tokens)
+        continuation = request.continuation
+        assert not continuation or params.n == 1, "a continuation is of choice 0 alone"
+        self.check_fits(len(request.prompt_ids), params.max_tokens, len(continuation))
         budget = self.max_model_len - len(request.prompt_ids)
         max_tokens = min(params.max_tokens or budget, budget)
         sequences = [
@@ -117,18 +122,29 @@ class Engine:
                 grammar=request.grammar.matcher() if request.grammar is not None else None,
                 tool_parser=ToolCallParser() if request.parse_tools else None,
                 cache_salt=salt_hash(request.cache_salt),
+                shared_blocks=request.shared_prefix_len // self.cache.block_size,
             )
             for i in range(params.n)
         ]
+        ended = replay(sequences[0], continuation, self.stop_ctx) if continuation else None
         req = Request(request.request_id, request.prompt_ids, params, sequences)
         req.unforked = sequences[1:]  # they fork from the first once it computed the prompt
         self._requests[req.request_id] = req
         req.status = RequestStatus.RUNNING
-        self.scheduler.add(sequences[0])
+        if ended is None:
+            self.scheduler.add(sequences[0])
+            return
+        # NOTE: the first worker died between the last token's line and the `finish` line: end
+        # at the next step boundary, without a forward pass, with the lines it would have sent.
+        req.admitted = True
+        out = self._out(self._early, req.request_id)
+        out.events.append(api.AdmittedLine())
+        self._end_sequence(sequences[0], ended, out)
 
-    def check_fits(self, prompt_len: int, max_tokens: int | None) -> None:
+    def check_fits(self, prompt_len: int, max_tokens: int | None, continuation: int = 0) -> None:
         """The one check that a request can run here: its prompt within the context, prompt
-        plus `max_tokens` within the context, and one sequence of it within the KV cache."""
+        plus `max_tokens` within the context, a continuation (its length given) within both,
+        and one sequence of it within the KV cache."""
         limit = self.max_model_len
         if prompt_len >= limit:
             raise ContextTooLong(
@@ -139,6 +155,12 @@ class Engine:
                 "max_tokens",
                 f"max_tokens is {max_tokens} but only {limit - prompt_len} tokens are left "
                 f"after the {prompt_len}-token prompt",
+            )
+        room = limit - prompt_len if max_tokens is None else max_tokens
+        if continuation > room:
+            raise ContextTooLong(
+                "continuation",
+                f"the continuation is {continuation} tokens but the run has room for {room}",
             )
         if not self.scheduler.fits(min(prompt_len + (max_tokens or limit), limit)):
             raise ContextTooLong(
@@ -179,14 +201,14 @@ class Engine:
     def apply_aborts(self) -> list[RequestOutput]:
         """Stop the sequences whose abort arrived since the last step now, so their
         confirmations go out at this step boundary rather than after the next forward."""
-        outputs: dict[str, RequestOutput] = {}
+        outputs = self._begin()
         self._apply_aborts(outputs)
         self._retire(outputs)
         return list(outputs.values())
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; return the events it produced."""
-        outputs: dict[str, RequestOutput] = {}
+        outputs = self._begin()
         self._apply_aborts(outputs)
         self._step_index += 1
         scheduled = self.scheduler.schedule()
@@ -213,13 +235,18 @@ class Engine:
 
     def fail_all(self, code: str, message: str) -> list[RequestOutput]:
         """Fail every live request (engine-wide fault or shutdown)."""
-        outputs: dict[str, RequestOutput] = {}
+        outputs = self._begin()
         for req in list(self._requests.values()):
             self._fail(req, code, message, outputs)
         self._retire(outputs)
         return list(outputs.values())
 
     # -- one step -------------------------------------------------------------------------------
+
+    def _begin(self) -> dict[str, RequestOutput]:
+        """This call's outputs, starting with those add_request made since the last call."""
+        outputs, self._early = self._early, {}
+        return outputs
 
     def _out(self, outputs: dict[str, RequestOutput], request_id: str) -> RequestOutput:
         if request_id not in outputs:
@@ -343,6 +370,10 @@ class Engine:
         out = self._out(outputs, seq.request_id)
         seq.flush_text()
         out.events.extend(seq.take_events())
+        self._end_sequence(seq, status, out)
+
+    def _end_sequence(self, seq: SequenceState, status: RequestStatus, out: RequestOutput) -> None:
+        """The `finish` line, once the sequence's last text is out."""
         if status == RequestStatus.FINISHED_STOPPED and seq.tool_calls_sent:
             status = RequestStatus.FINISHED_TOOL_CALLS
         seq.status = status

@@ -1,6 +1,6 @@
-"""What the engine hands out: the events of a step per request, stats snapshots, and the refusal
-of a request that can never fit. Kept apart so the engine's callers (async loop, service,
-metrics) depend on these types, not on the engine's internals."""
+"""What the engine hands out: the events of a step per request, stats snapshots, and the refusals
+of a request that can never fit or never continue. Kept apart so the engine's callers (async
+loop, service, metrics) depend on these types, not on the engine's internals."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ class ContextTooLong(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class InvalidContinuation(ValueError):
+    """A continuation this run could not have produced: a token its grammar refuses, or one
+    after the token that ended it (another worker would have stopped there)."""
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +78,10 @@ class Matcher:
         if not self.ll.consume_token(token_id):
             raise GrammarViolation("the sampled token is outside the grammar")
 
+    def accepts(self, ids: Sequence[int]) -> bool:
+        """Whether the grammar takes all of `ids` from here, in order; it does not advance."""
+        return self.ll.validate_tokens(list(ids)) == len(ids)
+
     @property
     def is_finished(self) -> bool:
         """The grammar is complete: nothing but EOS may follow, so the sequence stops."""
@@ -92,6 +96,10 @@ class CompiledGrammar:
 
     def matcher(self) -> Matcher:
         return Matcher(self.prototype.deep_copy())
+
+    def accepts(self, ids: Sequence[int]) -> bool:
+        """Whether the grammar takes `ids` from its start (a continuation's check)."""
+        return self.matcher().accepts(ids)
 
 
 def _reroot(schema: Any, base: str) -> Any:

@@ -17,8 +17,13 @@ MAX_BODY_BYTES = 4 * 1024 * 1024  # the gateway's default request body limit
 # Re-encoding never grows the rest (escapes stay escapes; an escaped non-ASCII character becomes
 # its shorter UTF-8 bytes).
 _GENERATE_OVERHEAD = 64 * 1024
+# A run continued on another worker carries the token ids generated so far (adapters/pool.py):
+# at most 8 bytes each (seven digits and a comma), for runs up to this many tokens.
+CONTINUED_TOKENS = 128 * 1024
+_CONTINUATION_OVERHEAD = 8 * CONTINUED_TOKENS
 
 
 def worker_body_limit(gateway_max_body: int) -> int:
-    """The body limit a worker needs so that whatever the gateway accepts also fits there."""
-    return gateway_max_body + _GENERATE_OVERHEAD
+    """The body limit a worker needs so that whatever the gateway accepts also fits there,
+    continuation included."""
+    return gateway_max_body + _GENERATE_OVERHEAD + _CONTINUATION_OVERHEAD

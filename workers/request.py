@@ -3,7 +3,7 @@
 The status enum is ordered so "finished" is one comparison, and one table maps a terminal status
 to the finish reason on the wire. A sequence also keeps what it has generated but not yet sent
 (text released by the stop-string hold-back, tool calls parsed out of it, the tokens they carry,
-their logprobs), so every line carries exactly the tokens generated since the previous one.
+their ids and logprobs), so every line carries exactly the tokens generated since the previous one.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ FINISH_REASON: dict[RequestStatus, str] = {
 class EngineRequest:
     """What the engine is asked to run: an already tokenized prompt and its parameters, the
     grammar its output must follow (compiled before it gets here) and whether its text is
-    parsed for tool calls."""
+    parsed for tool calls. `continuation`: choice 0's tokens another worker already generated
+    and streamed; the run goes on after them (Engine.add_request replays them)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -62,6 +63,10 @@ class EngineRequest:
     grammar: CompiledGrammar | None = None
     parse_tools: bool = False
     cache_salt: str | None = None  # prefix-cache isolation: only the same salt shares blocks
+    continuation: tuple[int, ...] = ()  # only with n == 1
+    # the prompt's first tokens that are a declared shared system prompt (chat.shared_prefix_len):
+    # their full blocks are cached for every salt
+    shared_prefix_len: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -86,11 +91,12 @@ class SequenceState:
     num_computed_tokens: int = 0
     num_hashed_blocks: int = 0
     cache_salt: int = NO_HASH  # the block manager's chain start (block_manager.salt_hash)
+    shared_blocks: int = 0  # leading blocks hashed without the salt (block_manager.chain_parent)
     last_token_step: int = -1  # the engine step that produced the latest token
     hit_stop_string: bool = False
     tool_calls_sent: int = 0
     unsent: list[str | ToolCall] = field(default_factory=list)  # in order; adjacent texts merged
-    unsent_tokens: int = 0
+    unsent_ids: list[int] = field(default_factory=list)  # the tokens the next line carries
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,7 +129,7 @@ class SequenceState:
         GrammarViolation for a token it refuses)."""
         self.output_ids.append(token_id)
         self.all_ids.append(token_id)
-        self.unsent_tokens += 1
+        self.unsent_ids.append(token_id)
         if logprob is not None:
             self.unsent_logprobs.append(logprob)
         if self.grammar is not None:
@@ -162,11 +168,17 @@ class SequenceState:
             else:
                 self.unsent.append(segment)
 
+    def drop_unsent(self) -> None:
+        """Count everything so far as sent (a continuation's replay: the client has it); tool
+        calls released meanwhile still take their call indexes."""
+        self.take_events()
+        self.unsent_ids, self.unsent_logprobs = [], []
+
     def take_events(self) -> list[api.TextLine | api.ToolCallLine]:
         """The lines for everything released since the last call (none if nothing was).
 
-        NOTE: the tokens carried go on the first line, the logprobs on the first text line: a
-        tool call's tokens have no logprobs on OpenAI's wire.
+        NOTE: the tokens carried (their count and their ids) go on the first line, the logprobs on
+        the first text line: a tool call's tokens have no logprobs on OpenAI's wire.
         """
         if not self.unsent:
             return []
@@ -180,8 +192,8 @@ class SequenceState:
                 call = self.tool_calls_sent
                 lines.append(api.ToolCallLine(self.index, call, segment.name, segment.arguments, 0))
                 self.tool_calls_sent += 1
-        lines[0].tokens = self.unsent_tokens
-        self.unsent, self.unsent_tokens, self.unsent_logprobs = [], 0, []
+        lines[0].tokens, lines[0].ids = len(self.unsent_ids), self.unsent_ids
+        self.unsent, self.unsent_ids, self.unsent_logprobs = [], [], []
         return lines
 
 

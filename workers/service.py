@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from workers import api
 from workers.api import BadRequest, GenerateBody
 from workers.async_engine import AsyncEngine
-from workers.chat import ChatTemplateError, render_prompt
+from workers.chat import ChatTemplateError, render_prompt, shared_prefix_len
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, EngineStats
@@ -162,6 +162,8 @@ class WorkerService:
         vocab = config.vocab_size
         if any(t >= vocab for t in body.params.stop_token_ids):
             raise BadRequest(f"stop_token_ids must be below {vocab}", "stop_token_ids")
+        if any(t >= vocab for t in body.continuation):
+            raise BadRequest(f"continuation ids must be below {vocab}", "continuation")
         loop = asyncio.get_running_loop()
         try:
             prompt_ids = await loop.run_in_executor(
@@ -170,13 +172,27 @@ class WorkerService:
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None
         try:
-            engine.check_fits(len(prompt_ids), body.params.max_tokens)
+            engine.check_fits(len(prompt_ids), body.params.max_tokens, len(body.continuation))
         except ContextTooLong as e:
             raise BadRequest(str(e), e.param, "context_length_exceeded") from None
         grammar = await self._compile(body)
+        if grammar is not None and body.continuation:
+            await self._check_follows(grammar, body.continuation)
         parse_tools = body.tools is not None and body.tools.offered
+        shared = 0
+        if body.shared_system_prompt:
+            shared = await loop.run_in_executor(
+                self._tokenize, shared_prefix_len, loaded.tokenizer, body.messages, prompt_ids
+            )
         return EngineRequest(
-            body.request_id, prompt_ids, body.params, grammar, parse_tools, body.cache_salt
+            body.request_id,
+            prompt_ids,
+            body.params,
+            grammar,
+            parse_tools,
+            body.cache_salt,
+            body.continuation,
+            shared_prefix_len=shared,
         )
 
     async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:
@@ -198,6 +214,19 @@ class WorkerService:
             return await self._grammar.compile(body.response_format, body.tools)
         except GrammarError as e:
             raise BadRequest(e.message, e.param, e.code) from None
+
+    async def _check_follows(self, grammar: CompiledGrammar, continuation: tuple[int, ...]) -> None:
+        """A 400 for a continuation the grammar refuses, found here, off the engine thread.
+
+        NOTE: the engine replays what passed (continuation.py); a token after the one that
+        ended the run is only found by that replay, and is an `invalid_continuation` error line.
+        """
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(self._tokenize, grammar.accepts, continuation):
+            raise BadRequest(
+                "the continuation does not follow the response format or forced tool call",
+                "continuation",
+            )
 
     def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         return self._require_engine().generate(request)

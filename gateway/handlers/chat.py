@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from gateway.answers import answer
-from gateway.app_keys import SETTINGS
+from gateway.app_keys import DRAIN, SETTINGS
 from gateway.errors import APIError, invalid_request
 from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
@@ -16,6 +16,7 @@ from gateway.run_life import RunLife
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    request.app[DRAIN].refuse_new_runs()  # shutting down: retry on another replica
     body = await read_json(request)
     chat = parse_chat_request(body)
     opened = await RunLife(request, chat, body).open()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.app_keys import HEALTH, METRICS, REDIS
+from gateway.app_keys import DRAIN, HEALTH, METRICS, REDIS
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -14,13 +14,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """503 unless some backend can take work (as last probed, at most a second ago) and the
-    state store answers (Redis is pinged; the in-process store always does)."""
+    state store answers (Redis is pinged; the in-process store always does); 503 `draining`
+    once shutdown began, so a load balancer stops sending here (gateway/drain.py)."""
     backends = request.app[HEALTH].states()
     shared = request.app.get(REDIS)
     store = "in-process" if shared is None else "ok" if await shared.ping() else "unavailable"
     ready = any(backends.values()) and store != "unavailable"
+    status = "ready" if ready else "unavailable"
+    if request.app[DRAIN].draining:
+        ready, status = False, "draining"
     return web.json_response(
-        {"status": "ready" if ready else "unavailable", "backends": backends, "store": store},
+        {"status": status, "backends": backends, "store": store},
         status=200 if ready else 503,
     )
 

@@ -97,7 +97,7 @@ class RunDriver:
     # -- ending early: the one way -------------------------------------------------------------
 
     def cancel(self, source: str) -> bool:
-        """Stop the run (idempotent); `source` is `client`, `disconnect`, `safety`, … False when
+        """Stop the run (idempotent); `source` is `client`, `disconnect`, `shutdown`, … False when
         its fate was already decided."""
         return self.stop(RunStatus.CANCELLED, f"cancel:{source}", source)
 

@@ -25,6 +25,12 @@ _MESSAGES = {
 
 LOST_CAUSE = "owner_lost"
 STORE_LOST_CAUSE = "store_unavailable"
+SHUTDOWN = "shutdown"  # the cancel source of runs still live when a drain's time is up
+# NOTE: the code stays `cancelled` (a client's handling of a cancel holds); the message says why
+_CAUSE_MESSAGES = {
+    f"cancel:{SHUTDOWN}": "The gateway is shutting down, so the run was cancelled; "
+    "retry the request on another replica.",
+}
 _DEADLINES = {
     "deadline:queue": "waiting for the model (--queue-timeout)",
     "deadline:ttft": "to the first token (--ttft-timeout)",
@@ -57,7 +63,7 @@ def ending(
     with; `error` replaces the standard body (an upstream's error event, already ours)."""
     if error is None:
         code = error_code(status, cause)
-        message = _MESSAGES.get(code, "The request was rejected.")
+        message = _CAUSE_MESSAGES.get(cause) or _MESSAGES.get(code, "The request was rejected.")
         if cause in _DEADLINES:
             message = f"The run exceeded its deadline {_DEADLINES[cause]}."
         error = {

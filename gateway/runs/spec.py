@@ -40,7 +40,7 @@ class RunOutcome:
     principal: str
     model: str
     terminal: TerminalRecord
-    cancel_source: str | None  # client, disconnect, timeout, safety, store, lost
+    cancel_source: str | None  # client, disconnect, timeout, safety, store, lost, shutdown
     cancel_outcome: str | None  # clean, tail, unconfirmed
     cancel_latency_ms: float | None  # decision → the upstream's confirmed stop
     prompt_tokens: int | None  # None: the upstream never said

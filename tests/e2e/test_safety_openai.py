@@ -17,6 +17,7 @@ from openai import OpenAI
 from gateway.local_worker import free_port
 from policies.tenants import create_key
 from tests.support.processes import stop, wait_ready
+from tests.support.serve import local_worker_url
 from tests.support.waiting import until_sync
 from tests.support.worker_process import REPO
 
@@ -61,8 +62,7 @@ def client(root: str, key: str) -> OpenAI:
 
 
 def worker_idle(root: str) -> dict:
-    (name,) = httpx.get(f"{root}/readyz").json()["backends"]
-    url = "http://127.0.0.1:" + name.rsplit(":", 1)[1]
+    url = local_worker_url(root)
 
     def idle() -> dict | None:
         stats = httpx.get(f"{url}/v1/stats").json()

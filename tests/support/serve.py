@@ -11,9 +11,22 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
 from tests.support.processes import stop, wait_ready
+
+
+def local_worker_url(root: str) -> str:
+    """The URL of the gateway's one local worker, a member of its model's pool (`local:PORT`)."""
+    text = httpx.get(f"{root}/metrics").text
+    (member,) = {
+        s.labels["member"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "sluice_pool_member_healthy"
+    }
+    return "http://127.0.0.1:" + member.rsplit(":", 1)[1]
 
 
 class Served:
@@ -28,9 +41,7 @@ class Served:
         self.root = f"http://127.0.0.1:{port}"
 
     def worker_url(self) -> str:
-        backends = httpx.get(f"{self.root}/readyz").json()["backends"]
-        (name,) = backends
-        return "http://127.0.0.1:" + name.rsplit(":", 1)[1]
+        return local_worker_url(self.root)
 
     def worker_process(self) -> psutil.Process:
         """The local worker child (one, started with the gateway)."""
@@ -77,7 +88,9 @@ def serving(
     else:
         cmd = [sys.executable, "-m", "gateway.cli", "serve", "--api-key", key]
         cmd += ["--port", str(port), *flags]
-    environ = {"SLUICE_LOG_LEVEL": "warning", **os.environ, **(env or {})}
+    # a test's stop (SIGTERM) drains: a run still live is cancelled after 2 s, not 30
+    defaults = {"SLUICE_LOG_LEVEL": "warning", "SLUICE_SHUTDOWN_TIMEOUT": "2"}
+    environ = {**defaults, **os.environ, **(env or {})}
     proc = subprocess.Popen(cmd, env=environ, stdout=stdout, stderr=stderr)
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}/readyz")

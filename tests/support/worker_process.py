@@ -46,12 +46,15 @@ def wait_healthy(worker: Worker, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def running_worker(model_dir: Path, log_dir: Path, *flags: str) -> Iterator[Worker]:
-    """`python -m workers.cli --model DIR --dtype float32 FLAGS…` until the block ends."""
+def running_worker(
+    model_dir: Path, log_dir: Path, *flags: str, module: str = "workers.cli"
+) -> Iterator[Worker]:
+    """`python -m workers.cli --model DIR --dtype float32 FLAGS…` until the block ends
+    (`module`: a wrapper of it, such as tests/support/hanging_worker.py)."""
     port = free_port()
-    log = log_dir / "worker.log"
+    log = log_dir / f"worker-{port}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "workers.cli", "--model", str(model_dir)]
+    command = [sys.executable, "-m", module, "--model", str(model_dir)]
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             [*command, "--port", str(port), "--dtype", "float32", *flags],

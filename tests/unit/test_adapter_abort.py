@@ -23,8 +23,6 @@ from adapters.worker_client import WorkerAdapter
 from testkit.scripted_adapter import ScriptedAdapter, Step, text_script
 from tests.support.waiting import until
 from tests.support.worker_app import started_worker_app
-from workers.model_loader import load_model
-from workers.service import LoadedModel
 
 
 def chat(max_tokens: int | None = None, **overrides) -> ChatRequest:
@@ -42,12 +40,6 @@ def text_tokens(events: list[Event]) -> int:
 
 
 # -- the worker adapter against a real worker app ----------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir) -> LoadedModel:
-    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    return LoadedModel(model, tokenizer, "tiny")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from workers.block_manager import NO_HASH, BlockManager, salt_hash
+from workers.block_manager import NO_HASH, BlockManager, chain_hash, salt_hash
 
 
 @dataclass(eq=False)
@@ -16,6 +16,7 @@ class Seq:
     num_computed_tokens: int = 0
     num_hashed_blocks: int = 0
     cache_salt: int = NO_HASH
+    shared_blocks: int = 0
 
     @property
     def token_ids(self) -> list[int]:
@@ -70,6 +71,77 @@ def test_prompts_of_other_salts_share_no_block_and_the_same_salt_shares_them():
     assert (other.num_computed_tokens, unsalted.num_computed_tokens) == (0, 0)
     assert same.num_computed_tokens == 8  # its tenant's two full blocks
     assert bm.prefix_hits == 8
+
+
+# a declared shared system prompt of two whole blocks (size 4), then each tenant's own tokens
+SHARED = [50, 51, 52, 53, 54, 55, 56, 57]
+ACME, GLOBEX = salt_hash("tenant-acme"), salt_hash("tenant-globex")
+
+
+def test_shared_blocks_hit_under_every_salt_and_the_block_after_them_does_not():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = [*SHARED, 1, 2, 3, 4, 5]  # blocks: shared, shared, acme's own, partial
+    acme = computed(bm, Seq(prompt, cache_salt=ACME, shared_blocks=2))
+    globex = Seq(prompt, cache_salt=GLOBEX, shared_blocks=2)  # even the very same prompt
+    bm.allocate(globex)
+    assert globex.block_table[:2] == acme.block_table[:2] == [0, 1]
+    assert globex.num_computed_tokens == 8  # the shared blocks, not acme's third
+    assert globex.block_table[2] not in acme.block_table
+    again = Seq(prompt, cache_salt=ACME, shared_blocks=2)
+    bm.allocate(again)
+    assert again.block_table[:3] == [0, 1, 2]  # its own third block too
+    assert again.num_computed_tokens == 12
+    assert bm.prefix_hits == 8 + 12
+
+
+def test_a_prompt_not_declared_shared_gets_no_public_hash_and_finds_none():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = [*SHARED, 1, 2, 3, 4, 5]
+    computed(bm, Seq(prompt, cache_salt=ACME))  # the same tokens, not declared shared
+    declared = Seq(prompt, cache_salt=GLOBEX, shared_blocks=2)
+    bm.allocate(declared)
+    assert declared.num_computed_tokens == 0
+    bm.free(declared)
+    computed(bm, Seq(prompt, cache_salt=ACME, shared_blocks=2))  # now declared, by acme
+    undeclared = Seq(prompt, cache_salt=GLOBEX)
+    bm.allocate(undeclared)
+    assert undeclared.num_computed_tokens == 0
+
+
+def test_without_shared_blocks_the_hashes_are_what_they_always_were():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = [*SHARED, 1, 2, 3, 4, 5]
+    salted = computed(bm, Seq(prompt, cache_salt=ACME))
+    first = chain_hash(ACME, tuple(SHARED[:4]))
+    second = chain_hash(first, tuple(SHARED[4:]))
+    third = chain_hash(second, (1, 2, 3, 4))
+    assert [bm.blocks[i].hash for i in salted.block_table] == [first, second, third, NO_HASH]
+    # unsalted (tenants that share their cache): a declared prompt's chain is apart from theirs,
+    # so an isolated tenant cannot learn from it that one of them sent the prompt
+    plain = computed(bm, Seq(prompt))
+    declared = Seq(prompt, shared_blocks=2)
+    bm.allocate(declared)
+    assert declared.num_computed_tokens == 0  # nothing of the unsalted chain is taken
+    declared.num_computed_tokens = len(prompt)
+    bm.register_computed(declared)
+    again = Seq(prompt, shared_blocks=2)
+    bm.allocate(again)  # another sharing tenant's declared prompt: all three whole blocks
+    assert again.block_table[:3] == declared.block_table[:3] != plain.block_table[:3]
+    assert again.num_computed_tokens == 12
+
+
+def test_hashing_in_chunks_across_the_shared_boundary_agrees_with_the_lookup():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = [*SHARED, 1, 2, 3, 4, 5]
+    seq = Seq(prompt, cache_salt=ACME, shared_blocks=2)
+    bm.allocate(seq)
+    for done in (6, 8, 10, 13):  # a chunked prefill, then the rest
+        seq.num_computed_tokens = done
+        bm.register_computed(seq)
+    bm.free(seq)  # as a preemption does; it finds its blocks again when it comes back
+    bm.allocate(seq)
+    assert seq.block_table[:3] == [0, 1, 2]
+    assert seq.num_computed_tokens == 12
 
 
 def test_the_last_token_is_always_computed_even_when_every_block_is_cached():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from testkit.tiny_model import build_tiny_tokenizer
-from workers.chat import ChatTemplateError, render_prompt
+from workers.chat import ChatTemplateError, render_prompt, shared_prefix_len
+from workers.output_spec import parse_tools
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,48 @@ def test_a_template_that_refuses_the_messages_is_a_chat_template_error() -> None
     tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         render_prompt(tokenizer, [{"role": "user", "content": "x"}])
+
+
+SYSTEM = {"role": "system", "content": "You are Acme's assistant. Be brief."}
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+
+
+def shared(tokenizer, messages, tools=None) -> str:
+    """The prompt's shared prefix, decoded."""
+    ids = render_prompt(tokenizer, messages, tools)
+    return decoded(tokenizer, ids[: shared_prefix_len(tokenizer, messages, ids)])
+
+
+def test_the_shared_prefix_is_the_system_turn_alone(tokenizer) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Hi"}]
+    assert shared(tokenizer, messages) == f"<|im_start|>system\n{SYSTEM['content']}<|im_end|>\n"
+    developer = [{**SYSTEM, "role": "developer"}, {"role": "user", "content": "Hi"}]
+    assert shared(tokenizer, developer) == shared(tokenizer, messages)  # rendered as system
+
+
+def test_only_a_system_or_developer_message_first_is_shared(tokenizer) -> None:
+    assert shared(tokenizer, [{"role": "user", "content": SYSTEM["content"]}, SYSTEM]) == ""
+
+
+def test_anything_else_in_the_system_turn_means_no_sharing(tokenizer) -> None:
+    user = {"role": "user", "content": "Weather in Bern?"}
+    offered = parse_tools(WEATHER_TOOL, "auto")
+    assert shared(tokenizer, [SYSTEM, user], offered) == ""  # Hermes: tools in the system turn
+    hidden = parse_tools(WEATHER_TOOL, "none")
+    assert shared(tokenizer, [SYSTEM, user], hidden) == shared(tokenizer, [SYSTEM, user])
+    named = build_tiny_tokenizer()
+    named.chat_template = (
+        "{% for m in messages %}<{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}>"
+        "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    assert shared(named, [SYSTEM, user]) == "<system>You are Acme's assistant. Be brief.\n"
+    assert shared(named, [{**SYSTEM, "name": "acme-ops"}, user]) == ""
+
+
+def test_a_template_that_will_not_render_a_system_turn_alone_shares_nothing() -> None:
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{% if messages | length < 2 %}{{ raise_exception('a user turn is required') }}{% endif %}"
+        "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    )
+    assert shared(tokenizer, [SYSTEM, {"role": "user", "content": "Hi"}]) == ""

@@ -11,16 +11,10 @@ import torch
 
 from tests.support.worker_lines import wire
 from workers.engine import Engine
-from workers.model_loader import load_model
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
 
 PROMPTS = ["你好世界", "Hello world", "def add(a, b):", "Ça va très bien", "🚀 emoji"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_model(tiny_model_dir, "cpu", "float32")
 
 
 @pytest.fixture

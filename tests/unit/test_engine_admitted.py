@@ -6,20 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import pytest
-
 from tests.support.worker_lines import wire
 from workers.engine import Engine
-from workers.model_loader import load_model
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
 
 ADMITTED = {"type": "admitted"}
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_model(tiny_model_dir, "cpu", "float32")
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -12,14 +12,8 @@ import pytest
 from tests.support.waiting import until
 from workers.async_engine import AsyncEngine, DuplicateRequest
 from workers.engine import Engine
-from workers.model_loader import load_model
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_model(tiny_model_dir, "cpu", "float32")
 
 
 @pytest.fixture

@@ -40,6 +40,13 @@ def test_defaults_start_a_local_worker_unless_only_remote_backends_are_named():
     assert both.starts_local_workers
 
 
+def test_the_shutdown_timeout_reads_its_flag_and_the_environment():
+    env = {"SLUICE_SHUTDOWN_TIMEOUT": "3"}
+    assert load_settings(flags([]), {}).shutdown_timeout == 30.0
+    assert load_settings(flags([]), env).shutdown_timeout == 3.0
+    assert load_settings(flags(["--shutdown-timeout", "1.5"]), env).shutdown_timeout == 1.5
+
+
 @pytest.mark.parametrize("spec", ["nourl", "=http://x", "m=ftp://x", "m="])
 def test_bad_upstream_specs_are_refused(spec):
     with pytest.raises(ValueError, match="NAME=BASE_URL"):

@@ -7,21 +7,14 @@ import random
 import time
 from collections import defaultdict
 
-import pytest
 import torch
 
 from tests.support.worker_lines import wire
 from workers.engine import Engine
-from workers.model_loader import load_model
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
 
 WORDS = ["你好", "world", "café", "🚀", "def f(x):", "naïve", "über", "数据", "ok", "straße"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    return load_model(tiny_model_dir, "cpu", "float32")
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -99,6 +92,28 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_computes_only_new_tokens(ti
     assert engine.stats().last_step_tokens == len(ids) - cached
     again = wire(out.events) + run(engine)["again"]
     assert text_of(again) == text_of(first["first"])
+    assert_no_leaks(engine)
+
+
+def test_a_shared_prefix_is_found_under_another_salt_and_nothing_after_it(tiny):
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, num_kv_blocks=64, block_size=8)
+    ids = prompts(tokenizer, 1)[0]
+    assert len(ids) > 40
+
+    def ask(request_id: str, salt: str, shared: int, n: int = 1) -> tuple[int, str]:
+        hits = engine.stats().prefix_cache_hits
+        params = SamplingParams(max_tokens=4, temperature=0.0, n=n)
+        request = EngineRequest(request_id, ids, params, cache_salt=salt, shared_prefix_len=shared)
+        engine.add_request(request)
+        events = run(engine)[request_id]
+        return engine.stats().prefix_cache_hits - hits, text_of(events, n - 1)
+
+    first, text = ask("acme", "tenant-acme", 21, n=2)  # n > 1: forked choices, as ever
+    assert first == 0
+    assert ask("globex", "tenant-globex", 21) == (16, text)  # 21 tokens: two whole blocks
+    assert ask("acme-again", "tenant-acme", 21)[0] == (len(ids) - 1) // 8 * 8  # all its own
+    assert ask("undeclared", "tenant-initech", 0)[0] == 0  # the same tokens, not declared
     assert_no_leaks(engine)
 
 

@@ -40,6 +40,9 @@ class Member:
     async def stats(self) -> dict:
         return dict(self.load)
 
+    def unsupported_param(self, request: ChatRequest) -> str | None:
+        return None
+
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         if self.fail is not None:
             raise self.fail

@@ -90,7 +90,7 @@ def test_ignore_eos_keeps_going_and_shows_nothing_for_it() -> None:
     seq = make_sequence(SamplingParams(max_tokens=5, ignore_eos=True))
     assert step(seq, 3, CTX) is None
     assert step(seq, 0, CTX) is None
-    assert (seq.take_events() or [None])[0] == TextLine(0, "a", 2)
+    assert (seq.take_events() or [None])[0] == TextLine(0, "a", 2, ids=[3, 0])
 
 
 def test_stop_token_id_stops_and_its_text_is_not_shown() -> None:

@@ -19,6 +19,7 @@ from policies.tenants import (
     single_tenant,
 )
 from policies.tenants_fields import parse_duration
+from policies.tenants_watch import reload_now
 
 HASH_A = hash_key("sk-sluice-a")
 HASH_B = hash_key("sk-sluice-b")
@@ -322,3 +323,39 @@ def test_key_entries_may_carry_a_toml_datetime(tmp_path):
     text = f'[tenants.a]\nkeys = [{{hash = "{HASH_A}", created = 2024-05-01T12:00:00Z}}]\n'
     entry = load_tenants(write(tmp_path, text)).tenants["a"].keys[0]
     assert entry.created == "2024-05-01T12:00:00+00:00"
+
+
+def test_shared_system_prompts_are_read_from_the_prefix_cache_table(tmp_path):
+    text = (
+        '[prefix_cache]\nshared_system_prompts = ["You are Acme\'s assistant.", "Be brief."]\n'
+        "[tenants.acme]\n"
+    )
+    config = load_tenants(write(tmp_path, text))
+    assert config.shared_system_prompts == frozenset({"You are Acme's assistant.", "Be brief."})
+    assert load_tenants(write(tmp_path, "[tenants.acme]\n")).shared_system_prompts == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ('[prefix_cache]\nshared_system_prompt = ["x"]\n', "shared_system_prompt", "did you mean"),
+        ('[prefix_cache]\nshared_system_prompts = "x"\n', "shared_system_prompts", "list of"),
+        ("[prefix_cache]\nshared_system_prompts = [1]\n", "shared_system_prompts", "list of"),
+        ('[prefix_cache]\nshared_system_prompts = [""]\n', "shared_system_prompts", "non-empty"),
+        ("prefix_cache = 5\n", "prefix_cache", "expected a table"),
+    ],
+)
+def test_prefix_cache_errors_name_the_field(tmp_path, text, field, words):
+    error = load_error(tmp_path, text)
+    assert f"[prefix_cache]: field {field!r}" in str(error)
+    assert words in str(error)
+    assert error.field == field
+
+
+def test_a_reload_picks_up_changed_shared_system_prompts(tmp_path):
+    path = write(tmp_path, '[prefix_cache]\nshared_system_prompts = ["old"]\n[tenants.acme]\n')
+    seen = []
+    assert reload_now(path, seen.append)
+    path.write_text('[prefix_cache]\nshared_system_prompts = ["new"]\n[tenants.acme]\n')
+    assert reload_now(path, seen.append)
+    assert [c.shared_system_prompts for c in seen] == [frozenset({"old"}), frozenset({"new"})]

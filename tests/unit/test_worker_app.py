@@ -12,17 +12,9 @@ from tests.support.metric_names import WORKER_METRICS
 from tests.support.waiting import until
 from workers.app_keys import SERVICE
 from workers.config import WorkerConfig
-from workers.model_loader import load_model
 from workers.server import create_worker_app
-from workers.service import LoadedModel
 
 HI = [{"role": "user", "content": "Hi"}]
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir) -> LoadedModel:
-    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    return LoadedModel(model, tokenizer, "tiny")
 
 
 async def wait_healthy(client) -> None:
@@ -79,8 +71,8 @@ async def test_health_and_model(client) -> None:
         "vocab_size": 600,
         "device": "cpu",
         "dtype": "float32",
-        "api_version": 2,
-        "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,
+        "api_version": 3,
+        "max_body_bytes": (4 << 20) + (64 << 10) + (1 << 20),
     }
 
 

@@ -48,7 +48,7 @@ def test_defaults() -> None:
         "block_size": 16,
         "kv_cache_memory": "2GiB",
         "num_kv_blocks": None,
-        "max_body_bytes": 4 * 1024 * 1024 + 64 * 1024,  # the gateway's default, plus room
+        "max_body_bytes": (4 << 20) + (64 << 10) + (1 << 20),  # the default, plus room
         "grammar_timeout": 5.0,
     }
 

@@ -17,9 +17,7 @@ from adapters.worker_client import WorkerAdapter, generate_request, to_event
 from tests.support.waiting import until
 from workers import api
 from workers.config import WorkerConfig
-from workers.model_loader import load_model
 from workers.server import create_worker_app
-from workers.service import LoadedModel
 
 PARAMS = {
     "type": "object",
@@ -80,12 +78,6 @@ def test_the_worker_adapter_refuses_none_of_them() -> None:
     adapter = WorkerAdapter("http://127.0.0.1:1")
     request = chat(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})
     assert adapter.unsupported_param(request) is None
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir) -> LoadedModel:
-    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    return LoadedModel(model, tokenizer, "tiny")
 
 
 @pytest.fixture

@@ -86,6 +86,7 @@ def test_null_means_default_and_a_single_stop_string_is_accepted() -> None:
         (body(n=0), "n", "invalid_value"),
         (body(logprobs="yes"), "logprobs", "invalid_type"),
         (body(ignore_eos=1), "ignore_eos", "invalid_type"),
+        (body(shared_system_prompt="yes"), "shared_system_prompt", "invalid_type"),
     ],
 )
 def test_refusals_name_the_field(raw, param: str | None, code: str) -> None:
@@ -110,6 +111,7 @@ GENERATE_FIELDS = [
     "logprobs",
     "top_logprobs",
     "ignore_eos",
+    "shared_system_prompt",
 ]
 
 
@@ -146,3 +148,13 @@ def test_the_adapters_body_parses_back_to_the_same_parameters() -> None:
         [{"role": "user", "content": "hi"}],
         params,
     )
+
+
+def test_the_shared_system_prompt_flag_travels_only_when_set() -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    flagged = GenerateRequest("r", messages, SamplingParams(), shared_system_prompt=True)
+    assert orjson.loads(flagged.to_json())["shared_system_prompt"] is True
+    assert parse_generate(orjson.loads(flagged.to_json())).shared_system_prompt is True
+    plain = orjson.loads(GenerateRequest("r", messages, SamplingParams()).to_json())
+    assert "shared_system_prompt" not in plain
+    assert parse_generate(plain).shared_system_prompt is False

@@ -19,8 +19,6 @@ import pytest
 from tests.support.waiting import until
 from tests.support.worker_app import started_worker_app
 from workers.grammar import GrammarCompiler, GrammarSource
-from workers.model_loader import load_model
-from workers.service import LoadedModel
 
 HI = [{"role": "user", "content": "Describe a user as JSON."}]
 SCHEMA = {
@@ -70,12 +68,6 @@ def json_schema(schema: dict, name: str = "user") -> dict:
 
 def body(request_id: str, **overrides) -> dict:
     return {"request_id": request_id, "messages": HI, "max_tokens": 200, **overrides}
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir) -> LoadedModel:
-    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    return LoadedModel(model, tokenizer, "tiny")
 
 
 async def start_worker(aiohttp_client, loaded, tiny_model_dir, timeout_s: float = 5.0):
