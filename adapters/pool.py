@@ -153,7 +153,7 @@ class PoolAdapter:
         (a restarted worker); None when none did."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.migration_wait
-        while (index := self.choose(run.request, set(), continuing=True)) is None:
+        while (index := self.choose(run.request, set(), continuing=run.generated)) is None:
             left = deadline - loop.time()
             if left <= 0:
                 return None

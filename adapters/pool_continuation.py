@@ -8,7 +8,8 @@ them: that worker prefills prompt + those tokens, replays them through its stop-
 tool-call state, and generates on. The client's stream goes on with no gap and nothing repeated;
 with greedy decoding the text equals an uninterrupted run's, and the usage the worker reports
 counts both members' tokens. Runs that cannot be continued so: more than one choice, a token
-without its ids (an OpenAI-compatible member), or no member able to take a continuation.
+without its ids (an OpenAI-compatible member), or no member able to take a continuation. A run
+cut before its first token (queued on the member) starts afresh on any member.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RunProgress:
     ids: list[int] = field(default_factory=list)  # choice 0's token ids passed on
     started: bool = False  # a batch reached the run: a failure now is mid-stream
     traced: bool = True  # every token passed on came with its ids
+    generated: bool = False  # a token of any choice passed on (before: any member may start it)
     finished: bool = False  # choice 0 finished: nothing is left to continue
     aborting: bool = False  # the run asked its member to stop: a failure now is no migration
     migrations: int = 0
@@ -49,6 +51,8 @@ class RunProgress:
             batch = [e for e in batch if type(e) is not Accepted and type(e) is not Admitted]
         for event in batch:
             kind = type(event)
+            if kind is TextDelta or kind is ToolCallDelta:
+                self.generated = True
             if (kind is TextDelta or kind is ToolCallDelta) and event.index == 0:
                 ids = event.token_ids
                 if ids is None or (kind is TextDelta and len(ids) != event.tokens):
@@ -63,7 +67,7 @@ class RunProgress:
         """None when the run can move to another member now; else the outcome to count."""
         if self.aborting or self.finished:
             return "not_needed"
-        if self.original.n != 1 or not self.traced:
+        if self.generated and (self.original.n != 1 or not self.traced):
             return "not_continuable"
         if self.migrations >= MAX_MIGRATIONS:
             return "failed"

@@ -200,3 +200,15 @@ def _metric(pool: PoolAdapter, name: str, **labels: str) -> float | None:
     registry = CollectorRegistry()
     registry.register(PoolCollector([pool]))
     return registry.get_sample_value(name, {"pool": pool.name, **labels})
+
+
+async def test_a_run_cut_before_its_first_token_starts_afresh_on_any_member():
+    queued, upstream = GreedyMember("queued"), GreedyMember("upstream", continues=False)
+    queued.die_after = 0  # accepted and admitted, then gone before a token
+    pool = PoolAdapter([queued, upstream])
+    pool.router.choose = lambda members, usable, request: usable[0]
+    events = await collect(pool, chat(n=2))
+    assert text(events) == WHOLE
+    assert upstream.continuations == [None]  # the request itself, from the start
+    assert len(kinds(events, Accepted)) == 1
+    assert pool.migrations == {"continued": 1}
