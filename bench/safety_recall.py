@@ -2,11 +2,14 @@
 
 A generated corpus of responses (`--responses`, default 1,000): prose with planted e-mails,
 phone numbers, valid card numbers and secrets of every built-in kind, and look-alikes that must
-survive (cards failing the Luhn check, dates, order numbers, versions, prices). A quarter of the
+survive (cards failing the Luhn check, dates, order numbers, versions, prices); some cards are
+written next to other digits (an expiry, a CVV, an amount before them). A quarter of the
 responses also carry a blocked term. Each response goes through the real window (the stage a
 run's pipeline uses) in random chunkings (`--splits`, 1-8 characters a chunk), and the table
-gives, per detector: recall (planted items that never appeared in the output), precision
-(redactions that covered a planted item, of all redactions) and look-alikes kept; and for the
+gives, per detector: recall (planted items that never appeared in the output) and, with that
+detector alone in the policy, its redactions and precision (those that covered a planted item of
+its kind); overall precision (redactions that covered a planted item, of all redactions) and
+look-alikes kept; and for the
 blocked term, how many responses let any of it through (target: 0), plus the split-invariance
 (the released text is the same for every chunking).
 
@@ -56,6 +59,13 @@ WORDS = [
 ]
 
 
+# each detector on its own, for its precision: its redactions that covered an item of its kind
+DETECTOR_ALONE = {
+    kind: SafetyPolicy.build(kind, window_chars=32, redact=(kind,))
+    for kind in ("email", "phone", "card", "secret")
+}
+
+
 class NullMeter:
     def action(self, action: str) -> None:
         pass
@@ -76,6 +86,19 @@ def card(rng: random.Random, valid: bool = True) -> str:
     number = "".join(digits) + check
     sep = rng.choice(["", " ", "-"])
     return sep.join(number[i : i + 4] for i in range(0, 16, 4))
+
+
+def card_beside_digits(rng: random.Random) -> tuple[str, str]:
+    """A valid card written next to other digits, as (the text, the card): its expiry, its
+    CVV, or an amount before it."""
+    number = card(rng)
+    return rng.choice(
+        [
+            (f"{number} {rng.randint(1, 12):02d}/{rng.randint(26, 31)}", number),
+            (f"{number} {rng.randint(100, 999)}", number),
+            (f"{rng.randint(1, 9)} {number}", number),
+        ]
+    )
 
 
 def email(rng: random.Random) -> str:
@@ -136,7 +159,11 @@ def response(rng: random.Random) -> tuple[str, list[tuple[str, str]], list[str],
     for i in range(rng.randint(4, 9)):
         parts += rng.sample(WORDS, rng.randint(2, 6))
         roll = rng.random()
-        if roll < 0.55:
+        if roll < 0.05:
+            text, item = card_beside_digits(rng)
+            planted.append(("card", item))
+            parts.append(text)
+        elif roll < 0.55:
             kind = rng.choice(list(MAKERS))
             item = MAKERS[kind](rng)
             planted.append((kind, item))
@@ -151,8 +178,8 @@ def response(rng: random.Random) -> tuple[str, list[tuple[str, str]], list[str],
     return " ".join(parts) + ".", planted, alikes, blocked
 
 
-async def released(text: str, rng: random.Random) -> tuple[str, str]:
-    window = SafetyWindow(POLICY, 1, NullMeter())
+async def released(text: str, rng: random.Random, policy: SafetyPolicy = POLICY) -> tuple[str, str]:
+    window = SafetyWindow(policy, 1, NullMeter())
     out, at = [], 0
     while at < len(text):
         size = rng.randint(1, 8)
@@ -168,10 +195,16 @@ async def run(args: argparse.Namespace) -> int:
     stats = {k: {"planted": 0, "caught": 0} for k in MAKERS}
     alike_total = alike_kept = term_leaks = blocked_total = variant = 0
     redactions = true_redactions = 0
+    alone = {k: {"redactions": 0, "true": 0} for k in MAKERS}
     started = time.process_time()
     for _ in range(args.responses):
         text, planted, alikes, blocked = response(rng)
         outs = {await released(text, rng) for _ in range(args.splits)}
+        if not blocked:
+            for kind, policy in DETECTOR_ALONE.items():
+                out, _ = await released(text, rng, policy)
+                alone[kind]["redactions"] += out.count(REDACTION)
+                alone[kind]["true"] += sum(k == kind and i not in out for k, i in planted)
         variant += len(outs) > 1
         out, finish = next(iter(outs))
         if blocked:
@@ -186,10 +219,16 @@ async def run(args: argparse.Namespace) -> int:
         alike_total += len(alikes)
         alike_kept += sum(a in out for a in alikes)
     cpu = time.process_time() - started
-    print(f"{'detector':<8} {'planted':>8} {'recall':>8}")
-    print("-" * 26)
+    print(
+        f"{'detector':<8} {'planted':>8} {'recall':>8} | {'alone: redactions':>17} {'precision':>9}"
+    )
+    print("-" * 56)
     for kind, s in stats.items():
-        print(f"{kind:<8} {s['planted']:>8} {s['caught'] / max(s['planted'], 1):>8.2%}")
+        a = alone[kind]
+        print(
+            f"{kind:<8} {s['planted']:>8} {s['caught'] / max(s['planted'], 1):>8.2%} | "
+            f"{a['redactions']:>17} {a['true'] / max(a['redactions'], 1):>9.2%}"
+        )
     print()
     precision = true_redactions / max(redactions, 1)
     print(f"precision (redactions covering a planted item): {precision:.2%}")

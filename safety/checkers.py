@@ -5,8 +5,8 @@ with a `Verdict`: how far the held text may be released as far as it is concerne
 to redact, or a block. The window releases the least any checker allows (design §3), so a
 checker that needs to see more before it can judge simply answers a shorter `safe`.
 
-Adding a checker is one class with `check` and one entry in `CHECKERS` (safety/policy.py builds
-a policy's checkers from it).
+Adding a checker is one class with `check` and one entry in `safety.policy.CHECKERS`, which
+builds each choice's checkers from a policy.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def scan(
     text: str,
     start: int,
     final: bool,
-    valid: Callable[[str], bool] | None = None,
+    within: Callable[[str], list[Span]] | None = None,
 ) -> tuple[int, list[Span]]:
     """The matches of `pattern` in `text[start:]` that are settled, and how far the text is
     clear. A tail that could begin a match (regex's partial matching) may yet become one, and a
@@ -75,8 +75,10 @@ def scan(
             if a < end:
                 safe = a
             break
-        if valid is None or valid(m.group()):
+        if within is None:
             spans.append((a, b))
+        else:
+            spans += [(a + x, a + y) for x, y in within(m.group())]
     return safe, spans
 
 
@@ -104,5 +106,5 @@ class Redactor:
 
     async def check(self, held: Held) -> Verdict:
         d = self.detector
-        safe, spans = scan(d.pattern, held.text, held.start, held.final, d.valid)
+        safe, spans = scan(d.pattern, held.text, held.start, held.final, d.within)
         return Verdict(safe, redact=spans)

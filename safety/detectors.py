@@ -24,16 +24,32 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _card_ok(span: str) -> bool:
-    digits = "".join(ch for ch in span if ch.isdigit())
-    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+def _card_spans(match: str) -> list[tuple[int, int]]:
+    """The card number in a run of digit groups: the whole run when it passes the Luhn check,
+    else the longest run of whole groups that does. A card is often written next to other
+    digits (its expiry `12/25`, a CVV, an amount before it), which the pattern takes in too."""
+    groups = [m.span() for m in _DIGIT_GROUP.finditer(match)]
+    best: tuple[int, int] | None = None
+    for i in range(len(groups)):
+        for j in range(i, len(groups)):
+            a, b = groups[i][0], groups[j][1]
+            digits = "".join(match[x:y] for x, y in groups[i : j + 1])
+            longer = best is None or b - a > best[1] - best[0]
+            if longer and 13 <= len(digits) <= 19 and luhn_valid(digits):
+                best = (a, b)
+    return [] if best is None else [best]
+
+
+_DIGIT_GROUP = regex.compile(r"\d+")
 
 
 @dataclass(slots=True, frozen=True)
 class Detector:
     name: str
     pattern: regex.Pattern[str]
-    valid: Callable[[str], bool] | None = None  # None: every match counts
+    # what of a match counts, as spans within it (a card number must pass the Luhn check);
+    # None: the whole match
+    within: Callable[[str], list[tuple[int, int]]] | None = None
 
 
 def _compile(source: str) -> regex.Pattern[str]:
@@ -49,9 +65,12 @@ _SECRET = "|".join(
         r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
         r"\bAIza[0-9A-Za-z_\-]{35}",  # Google API keys
         r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # JWTs
-        # a PEM block, header to footer (a base64 body cannot run past its footer); a header
-        # alone, the key still streaming, is held
-        r"-----BEGIN [A-Z0-9 ]{1,40}-----[A-Za-z0-9+/=\s]{0,8192}-----END [A-Z0-9 ]{1,40}-----",
+        # a PEM block from its header on: through its footer, or, cut off before one, as far as
+        # its body goes (base64, and an encrypted key's `Proc-Type: 4,ENCRYPTED` and
+        # `DEK-Info: AES-128-CBC,…` lines); a header alone, the key still streaming, is held
+        r"-----BEGIN [A-Z0-9 ]{1,40}-----"
+        r"(?:Proc-Type: ?\d,[A-Z]+|DEK-Info: ?[A-Z0-9\-]+,[0-9A-Fa-f]+|[A-Za-z0-9+/=\r\n])"
+        r"{0,8192}(?:-----END [A-Z0-9 ]{1,40}-----)?",
     )
 )
 
@@ -73,6 +92,6 @@ DETECTORS: dict[str, Detector] = {
             r")(?![\w])"
         ),
     ),
-    "card": Detector("card", _compile(r"(?<![\d\-])\d(?:[ \-]?\d){12,18}(?![\d])"), _card_ok),
+    "card": Detector("card", _compile(r"(?<![\d\-])\d(?:[ \-]?\d){12,18}(?![\d])"), _card_spans),
     "secret": Detector("secret", _compile(_SECRET)),
 }

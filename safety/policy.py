@@ -9,6 +9,7 @@ what policy judged a run's text, however often the file changed since.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -71,13 +72,27 @@ class SafetyPolicy:
 
     def checkers(self, moderation: ModerationClient | None) -> list[Checker]:
         """A fresh set for one choice (the remote checker keeps state per choice)."""
-        found: list[Checker] = []
-        if self.block_pattern is not None:
-            found.append(BlockTerms(self.block_pattern))
-        found += [Redactor(name) for name in self.redact]
-        if self.moderation is not None and moderation is not None:
-            found.append(RemoteModeration(moderation, self.moderation, self.window_chars))
-        return found
+        return [checker for build in CHECKERS for checker in build(self, moderation)]
+
+
+def _block_terms(policy: SafetyPolicy, _: ModerationClient | None) -> list[Checker]:
+    return [] if policy.block_pattern is None else [BlockTerms(policy.block_pattern)]
+
+
+def _redactors(policy: SafetyPolicy, _: ModerationClient | None) -> list[Checker]:
+    return [Redactor(name) for name in policy.redact]
+
+
+def _remote_moderation(policy: SafetyPolicy, client: ModerationClient | None) -> list[Checker]:
+    if policy.moderation is None or client is None:
+        return []
+    return [RemoteModeration(client, policy.moderation, policy.window_chars)]
+
+
+# What builds a policy's checkers for one choice, in the order they are asked. A new checker is
+# one class (safety/checkers.py) and one entry here that reads its settings from the policy.
+CheckerBuilder = Callable[[SafetyPolicy, ModerationClient | None], list[Checker]]
+CHECKERS: list[CheckerBuilder] = [_block_terms, _redactors, _remote_moderation]
 
 
 def compile_terms(terms: tuple[str, ...]) -> regex.Pattern[str]:

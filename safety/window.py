@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import regex
 
 from adapters.events import Event, Finish, TextDelta, ToolCallDelta
+from safety.arguments import check_arguments
 from safety.checkers import Checker, Held, Span
 from safety.moderation import ModerationClient
 from safety.policy import REDACTION, SafetyPolicy
@@ -118,9 +120,7 @@ class ChoiceWindow:
                 limit = self._window_limit(buf, ctx, judged)
         limit = min(limit, judged)
         spans = [(a - offset, b - offset) for a, b in self.judged_spans]
-        for a, b in spans:  # a settled span is released whole or not at all
-            if a < limit < b:
-                limit = a
+        limit = _outside_spans(limit, spans)
         out: list[Event] = []
         if limit > ctx:
             if spans:
@@ -162,9 +162,10 @@ class ChoiceWindow:
         parts, at = [], ctx
         for a, b in sorted(spans):
             if a < at:  # overlapping detectors: one replacement covers both
-                a = at
-                if b <= at:
-                    continue
+                if b > at:
+                    self.redacted.append((self.offset + at, self.offset + b))
+                    at = b
+                continue
             parts += (buf[at:a], REDACTION)
             at = b
             self.redacted.append((self.offset + a, self.offset + b))
@@ -192,6 +193,10 @@ class ChoiceWindow:
         if any(a < end and start < b for a, b in self.redacted):
             return [_REDACTED_LOGPROB] * len(entries)
         return entries
+
+    def close_blocked(self) -> list[Event]:
+        """Something other than text was blocked (a tool call): the choice ends here."""
+        return self._block()
 
     def _block(self) -> list[Event]:
         self.meter.action("block")
@@ -241,7 +246,9 @@ class SafetyWindow:
                 ended = True
                 if not window.blocked:
                     out += await window.close() if kind is Finish else await window.flush()
-                if not window.blocked:  # the check before it may have blocked
+                if not window.blocked and kind is ToolCallDelta:
+                    out += await self._check_call(window, event)
+                elif not window.blocked:  # the check before it may have blocked
                     out.append(event)
             else:
                 out.append(event)
@@ -251,6 +258,20 @@ class SafetyWindow:
         if ended:
             self._note_blocks()
         return out
+
+    async def _check_call(self, window: ChoiceWindow, call: ToolCallDelta) -> list[Event]:
+        """A whole call, judged by a fresh set of the policy's checkers: the call as released,
+        or the choice blocked."""
+        verdict = await check_arguments(call.arguments, self.policy.checkers(self.moderation))
+        for _ in range(verdict.errors):
+            self.meter.action("checker_error")
+        if verdict.blocked:
+            return window.close_blocked()
+        for _ in range(verdict.redactions):
+            self.meter.action("redact")
+        if verdict.arguments == call.arguments:
+            return [call]
+        return [replace(call, arguments=verdict.arguments)]
 
     async def finish(self) -> list[Event]:
         out: list[Event] = []
@@ -263,3 +284,17 @@ class SafetyWindow:
         ws = self.windows.values()
         if len(ws) == self.n and all(w.finished for w in ws) and any(w.blocked for w in ws):
             self.stop_source = "safety"
+
+
+def _outside_spans(limit: int, spans: list[Span]) -> int:
+    """The release point pulled back until no settled span straddles it: a span is released
+    whole or not at all. NOTE: pulling back to one span's start can land inside another that
+    overlaps it (two detectors matching the same text, a secret run into a card number), so
+    this repeats until nothing moves."""
+    moved = True
+    while moved:
+        moved = False
+        for a, b in spans:
+            if a < limit < b:
+                limit, moved = a, True
+    return limit

@@ -3,6 +3,7 @@ any split of the text into deltas."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
+from safety import policy as policy_module
 from safety.checkers import Held, Verdict
 from safety.detectors import luhn_valid
 from safety.moderation import ModerationFailed, ModerationSettings
@@ -105,6 +107,36 @@ async def test_emails_phones_and_valid_cards_are_redacted_but_invalid_cards_are_
     assert meter.actions.count("redact") == 4
 
 
+async def test_a_secret_run_into_a_card_number_is_redacted_for_every_split():
+    # the secret's match runs into the card's: two overlapping spans, released as one
+    text = f"key {SECRETS[0]}4111 1111 1111 1111 and more text to move the window along."
+    expected = f"key {REDACTION} and more text to move the window along."
+    for size in range(1, 9):
+        released, _, _, _ = await stream(REDACT_ONLY, pieces(text, [size] * len(text)))
+        assert released == expected, size
+
+
+async def test_a_card_beside_other_digits_is_still_redacted():
+    text = "Card 4111 1111 1111 1111 12/25, cvv 4111 1111 1111 1111 123; pay 5 4111 1111 1111 1111."
+    released, _, _, _ = await stream(REDACT_ONLY, pieces(text, [2, 5, 1] * 40))
+    assert released == f"Card {REDACTION} 12/25, cvv {REDACTION} 123; pay 5 {REDACTION}."
+    invalid = "Card 4111 1111 1111 1112 12/25 is not one."
+    assert (await stream(REDACT_ONLY, list(invalid)))[0] == invalid
+
+
+@pytest.mark.parametrize(
+    "pem",
+    [
+        "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIBkg4LVWM9nuwNSk3yBx",  # cut off before its footer
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+        "DEK-Info: AES-128-CBC,3F17F5316E2BAC89\n\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
+    ],
+)
+async def test_a_pem_key_without_its_footer_or_encrypted_is_redacted_from_its_header(pem):
+    released, _, _, _ = await stream(REDACT_ONLY, pieces(f"Here: {pem}", [3] * 80))
+    assert released == f"Here: {REDACTION}"
+
+
 async def test_chars_mode_holds_exactly_the_window_behind_the_front():
     policy = SafetyPolicy.build("w", window_chars=10)
     window = SafetyWindow(policy, 1, Meter())
@@ -163,6 +195,33 @@ async def test_text_before_a_tool_call_is_checked_and_released_before_it():
     assert out == [TextDelta(f"mail me at {REDACTION}", 0, 1), call]
 
 
+async def test_a_tool_calls_arguments_are_redacted_and_stay_valid_json():
+    meter = Meter()
+    window = SafetyWindow(REDACT_ONLY, 1, meter)
+    arguments = json.dumps({"to": "bob@example.com", "notes": [f"key {SECRETS[0]} ok"], "n": 3})
+    out = await window.feed([ToolCallDelta(0, arguments, "call_1", "send"), Finish("tool_calls")])
+    call = out[0]
+    assert json.loads(call.arguments) == {"to": REDACTION, "notes": [f"key {REDACTION} ok"], "n": 3}
+    assert (call.id, call.name) == ("call_1", "send") and out[1] == Finish("tool_calls")
+    assert meter.actions == ["redact", "redact"]
+    untouched = ToolCallDelta(0, '{"city":  "Paris"}', "call_2", "weather")
+    assert (await SafetyWindow(REDACT_ONLY, 1, Meter()).feed([untouched]))[0] is untouched
+
+
+async def test_a_blocked_term_in_a_tool_call_blocks_the_choice():
+    window = SafetyWindow(STRICT, 1, Meter())
+    arguments = json.dumps({"q": f"all about {TERM.upper()}"})
+    out = await window.feed(
+        [
+            TextDelta("Let me look."),
+            ToolCallDelta(0, arguments, "c", "search"),
+            Finish("tool_calls"),
+        ]
+    )
+    assert out == [TextDelta("Let me look.", 0, 1), Finish("content_filter", 0)]
+    assert window.stop_source == "safety"
+
+
 class FakeModeration:
     def __init__(self, flag: str = "", fail: bool = False) -> None:
         self.flag, self.fail, self.inputs = flag, fail, []
@@ -208,7 +267,7 @@ async def test_a_failing_remote_checker_blocks_or_allows_as_the_policy_says():
     assert released == meter_text and out[-1].reason == "stop"
 
 
-async def test_a_checker_is_one_class():
+async def test_a_checker_is_one_class(monkeypatch):
     class NoDigits:
         name = "no_digits"
 
@@ -219,11 +278,12 @@ async def test_a_checker_is_one_class():
                 return Verdict(len(held.text))
             return Verdict(held.start + hit, block=self.name)  # what precedes the hit may go
 
+    def no_digits(policy, moderation):
+        return [NoDigits()]
+
+    monkeypatch.setattr(policy_module, "CHECKERS", [*policy_module.CHECKERS, no_digits])
     policy = SafetyPolicy.build("plain", window_chars=4)
     window = SafetyWindow(policy, 1, Meter())
-    choice = window._window(0)
-    choice.checkers.append(NoDigits())
-    choice.progress.append(0)
     out = await window.feed([TextDelta("abcdefgh"), TextDelta("xy9z"), TextDelta("more" * 5)])
     released = [e.text for e in out if type(e) is TextDelta]
     assert "".join(released) == "abcdefghxy" and out[-1] == Finish("content_filter", 0)
@@ -244,23 +304,51 @@ SEEDS = [
 ]
 
 
+PEM_BODY = "MHcCAQEEIBkg4LVWM9nuwNSk3yBx"
+# items a model may write against each other, with no separator between them
+GLUED = [
+    SECRETS[0] + "4111 1111 1111 1111",
+    "4111 1111 1111 1111 12/25",
+    "-----BEGIN EC PRIVATE KEY-----\n" + PEM_BODY,
+]
+POLICIES = [
+    STRICT,
+    SafetyPolicy.build("s0", window_chars=0, block_terms=(TERM,), redact=STRICT.redact),
+    SafetyPolicy.build("s4", window_chars=4, block_terms=(TERM,), redact=STRICT.redact),
+    SafetyPolicy.build("sent", mode="sentence", block_terms=(TERM,), redact=STRICT.redact),
+]
+
+
 @st.composite
 def seeded_text(draw):
-    tokens = draw(st.lists(st.sampled_from(WORDS + SEEDS), min_size=1, max_size=40))
+    tokens = draw(st.lists(st.sampled_from(WORDS + SEEDS + GLUED), min_size=1, max_size=40))
     seps = draw(st.lists(st.sampled_from([" ", " ", ", ", ". ", "\n"]), min_size=len(tokens)))
     return "".join(t + s for t, s in zip(tokens, seps, strict=False))
 
 
+async def stream_batches(policy: SafetyPolicy, parts: list[str], rng: random.Random) -> tuple:
+    """Like `stream`, with several deltas in one batch now and then (a burst of tokens)."""
+    window, out, at = SafetyWindow(policy, 1, Meter()), [], 0
+    while at < len(parts):
+        take = rng.choice([1, 1, 2, 3])
+        out += await window.feed([TextDelta(p) for p in parts[at : at + take]])
+        at += take
+    out += await window.feed([Finish("stop")])
+    return "".join(e.text for e in out if type(e) is TextDelta), out
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=seeded_text(), seed=st.integers(0, 2**32 - 1))
-async def test_released_text_is_the_same_for_every_split_and_never_holds_a_blocked_term(text, seed):
+@given(text=seeded_text(), seed=st.integers(0, 2**32 - 1), policy=st.sampled_from(POLICIES))
+async def test_released_text_is_the_same_for_every_split_and_never_holds_a_blocked_term(
+    text, seed, policy
+):
     rng = random.Random(seed)
-    whole, whole_events, _, _ = await stream(STRICT, [text])
+    whole, whole_events, _, _ = await stream(policy, [text])
     for _ in range(3):
         sizes = [rng.randint(1, 6) for _ in range(len(text))]
-        released, events, _, _ = await stream(STRICT, pieces(text, sizes))
+        released, events = await stream_batches(policy, pieces(text, sizes), rng)
         assert released == whole
         assert events[-1] == whole_events[-1]
         assert TERM.lower() not in released.lower()
-        for secret in SECRETS:
+        for secret in [*SECRETS, PEM_BODY]:
             assert secret not in released
