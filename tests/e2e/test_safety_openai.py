@@ -16,6 +16,7 @@ from openai import OpenAI
 
 from gateway.local_worker import free_port
 from policies.tenants import create_key
+from tests.support.metrics import scraped
 from tests.support.processes import stop, wait_ready
 from tests.support.serve import local_worker_url
 from tests.support.waiting import until_sync
@@ -76,6 +77,8 @@ def test_the_strict_tenant_is_cut_off_and_the_open_one_is_not(served):
     strict, open_ = client(root, keys["strict"]), client(root, keys["open"])
     (model,) = [m.id for m in open_.models.list().data]
 
+    worker = local_worker_url(root)
+    generated_before = scraped(worker, "sluice_worker_generated_tokens_total")
     stream = strict.chat.completions.create(
         model=model, messages=PROMPT, max_tokens=900, temperature=0, stream=True
     )
@@ -85,9 +88,10 @@ def test_the_strict_tenant_is_cut_off_and_the_open_one_is_not(served):
     assert chunks[-1].choices[0].finish_reason == "content_filter"
     stored = strict.chat.completions.retrieve(chunks[0].id)
     assert stored.status == "completed" and stored.choices[0].finish_reason == "content_filter"
-    # the worker stopped long before 900 tokens, and gave back every block
-    assert stored.usage is None or stored.usage.completion_tokens < 900
+    # the worker was aborted (source safety), stopped long before 900 tokens, gave back every block
     assert worker_idle(root)["kv_blocks_used"] == 0
+    assert scraped(root, "sluice_cancellations_total", source="safety") == 1
+    assert 0 < scraped(worker, "sluice_worker_generated_tokens_total") - generated_before < 900
 
     whole = strict.chat.completions.create(model=model, messages=PROMPT, max_tokens=900)
     assert whole.choices[0].finish_reason == "content_filter"

@@ -22,9 +22,9 @@ import pytest
 import redis
 from openai import OpenAI
 from openai._streaming import SSEDecoder
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
+from tests.support.metrics import scraped
 from tests.support.processes import resume_request, stop, wait_ready
 from tests.support.waiting import until_sync
 
@@ -177,13 +177,7 @@ def worker_idle(worker: str, within: float = 10.0) -> dict:
 
 
 def metric(replica: Replica, name: str, **labels: str) -> float:
-    text = httpx.get(f"{replica.root}/metrics", timeout=5).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+    return scraped(replica.root, name, **labels)
 
 
 def test_stream_started_on_a_resumes_on_b(replica_a, replica_b, model):
