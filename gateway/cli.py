@@ -121,7 +121,7 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
 
     app = create_app(settings)
     # NOTE: aiohttp's access log formats a plain-text line per request; the structured
-    # "completion end" line already records each run, so the access log is only kept for debug.
+    # "run end" line already records each run, so the access log is only kept for debug.
     access_log = logging.getLogger("aiohttp.access") if settings.log_level == "debug" else None
     runner = GatewayRunner(
         app,

@@ -1,4 +1,4 @@
-"""Idempotency keys (Stripe's model, design §4): a repeat of a request with the same key and
+"""Idempotency keys (Stripe's model, design §5): a repeat of a request with the same key and
 body gets the run the first one started; the same key with another body is refused.
 
 The claim is taken before the run is created, with the run id the request will use, so two

@@ -1,6 +1,6 @@
 """The one SSE writer every stream goes through.
 
-Framing (design §4): `id: <seq>` and `data: <json>` then a blank line per event, where `seq` is
+Framing (design §3): `id: <seq>` and `data: <json>` then a blank line per event, where `seq` is
 the event's number in the run's log (so `Last-Event-ID` resumes exactly); `: ping` comment lines
 while idle; the stream always ends with `data: [DONE]`. Frames produced together are written in
 one call. The writer also times how long writes wait on the client (a slow reader fills the

@@ -1,4 +1,4 @@
-"""Idempotency keys, Stripe's model scoped by tenant (design §4).
+"""Idempotency keys, Stripe's model scoped by tenant (design §5).
 
 The first request with a key claims it for the run it is about to create; a repeat finds the
 stored claim and compares body fingerprints (same body: the same run; a different body: 422

@@ -4,7 +4,7 @@ A run lives apart from the connection that started it. Each follower (a streamin
 resume, a waiting non-stream request) is counted in the store while it reads, so replicas see
 each other's followers; when the count falls to zero on a live run, a grace timer starts, and
 if nobody follows again before it ends the run is cancelled with source `disconnect`
-(design §4). A cancel for a run driven by another replica travels through the store. Each
+(design §2). A cancel for a run driven by another replica travels through the store. Each
 replica renews an owner lease; a follower that finds a live run whose owner's lease lapsed
 marks it failed, so nobody waits on a dead replica forever.
 """

@@ -6,7 +6,7 @@ usually read where it was started) read and wake without a round trip, and every
 (events, status, the ending, its follower count) is applied to the mirror at once and reaches
 Redis a few milliseconds later through the write-behind (`redis_writes`). So a Redis outage
 does not touch a live run here: the writes wait and go out when Redis is back, and only an
-outage past the grace ends the run (the run manager's doing, design §4).
+outage past the grace ends the run (the run manager's doing, design §11).
 
 The mirror holds the same seq numbers as Redis because the owner is the only writer of its runs'
 logs. The exception is another replica ending a run whose owner it took for dead: the owner

@@ -1,4 +1,4 @@
-"""Idempotency keys (design §4): key rules, body fingerprints, and the claim contract that both
+"""Idempotency keys (design §5): key rules, body fingerprints, and the claim contract that both
 stores keep — one winner per (tenant, key), tenants apart, expiry, conditional release."""
 
 from __future__ import annotations
