@@ -114,11 +114,23 @@ class RunAccounting:
     def held_back(self, batch: list[Event]) -> None:
         """A batch that arrived after the run's fate was decided: not sent, counted as tail."""
         for event in batch:
-            kind = type(event)
-            if kind is TextDelta:
+            if type(event) is TextDelta:
                 self.tail_tokens += event.tokens
                 self.last_token_at = time.monotonic()
-            elif kind is Aborted:
+        self._reports(batch)
+
+    def kept_out(self, batch: list[Event]) -> None:
+        """A batch that arrived while the run was live but was kept out of the log: its fate was
+        decided while a stage judged it, or the log was closed under it. NOTE: `arrived` has
+        counted its text already (generated, neither sent nor tail); counting it again as tail
+        would bill it twice. Only the upstream's reports in it are kept."""
+        self._reports(batch)
+
+    def _reports(self, batch: list[Event]) -> None:
+        """What the upstream says a run cost: its usage, its abort confirmations."""
+        for event in batch:
+            kind = type(event)
+            if kind is Aborted:
                 self.aborted_tokens += event.completion_tokens
                 self.upstream_tail_tokens += event.tail_tokens
                 if event.stop_latency_ms is not None:

@@ -143,6 +143,7 @@ class RunDriver:
     # -- the run's life ------------------------------------------------------------------------
 
     async def run(self) -> RunOutcome:
+        shutdown: asyncio.CancelledError | None = None  # the gateway's own cancel of the task
         try:
             try:
                 if self.ending is None:
@@ -157,12 +158,12 @@ class RunDriver:
             if self._stopping is not None:
                 await asyncio.shield(self._stopping)  # it wrote an early ending
             await self._end()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            shutdown = exc
             self.phase = Phase.ENDED
             self.stop(RunStatus.FAILED, "shutdown")
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._end())
-            raise
         except BACKEND_ERRORS as exc:
             self.phase = Phase.ENDED
             if self.ending is None:
@@ -185,7 +186,7 @@ class RunDriver:
             if self._stopping is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopping)
-        return await self._settle()
+        return await self._settle_shielded(shutdown)
 
     async def _end(self) -> None:
         """Write the run's ending: the completion (also after a stage ended every choice
@@ -239,13 +240,13 @@ class RunDriver:
             self._arm()  # the first token starts the inter-token deadline
         chunks, passed = await self.pipeline.feed(batch)
         if self.phase is not Phase.STREAMING:  # stopped while a stage was judging the batch
-            self.acct.held_back(batch)
+            self.acct.kept_out(batch)
             return True
         if chunks:
             try:
                 await self.store.append(self.run_id, chunks)
             except LogClosed:  # the run was ended while this batch was on its way
-                self.acct.held_back(batch)
+                self.acct.kept_out(batch)
                 # NOTE: a local stop decided first; otherwise another replica ended the run
                 # (it saw this replica's lease lapse): stop the upstream all the same.
                 self.stop(RunStatus.FAILED, "ended_elsewhere", "lost")
@@ -314,6 +315,26 @@ class RunDriver:
         won = await self.store.finish(self.run_id, record, frame)
         self.acct.terminal_at = time.monotonic()
         self.terminal = record if won else (await self.store.get(self.run_id)).terminal
+
+    async def _settle_shielded(self, shutdown: asyncio.CancelledError | None) -> RunOutcome:
+        """Settle the run, then re-raise the shutdown's cancel if one cut it.
+
+        NOTE: a run cut at shutdown is settled all the same (its refund, its ending kept with its
+        key, its usage record, its run end line), and no cancel leaves a settlement half done:
+        the first cancel the driver gets is answered with its ending and its settlement, both
+        shielded; only a second one (gateway/tasks.py) stops the wait, which RunManager.close
+        bounds."""
+        settling = asyncio.ensure_future(self._settle())
+        try:
+            outcome = await asyncio.shield(settling)
+        except asyncio.CancelledError as exc:  # the gateway shutting down as the run settles
+            if shutdown is not None:
+                raise
+            shutdown = exc
+            await asyncio.shield(settling)
+        if shutdown is not None:
+            raise shutdown
+        return outcome
 
     async def _settle(self) -> RunOutcome:
         terminal = self.terminal or TerminalRecord(RunStatus.FAILED, "gateway_error")

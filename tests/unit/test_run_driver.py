@@ -11,27 +11,85 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import BackendFailed, BackendRejected
-from adapters.events import Admitted, ErrorEvent, Finish, TextDelta, Usage
+from adapters.events import Admitted, ErrorEvent, Event, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest, Message
 from gateway.errors import terminal_error
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
+from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
-from gateway.runs.store import RunRecord
+from gateway.runs.store import RunRecord, TerminalRecord
 from gateway.runs.store_memory import MemoryRunStore
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 
-async def make_driver(script, deadlines=None, *, abortable=True, confirm_timeout=5.0, **chat):
-    store = MemoryRunStore()
+async def make_driver(
+    script,
+    deadlines=None,
+    *,
+    abortable=True,
+    confirm_timeout=5.0,
+    store=None,
+    stages=(),
+    settle=None,
+    **chat,
+):
+    store = store or MemoryRunStore()
     adapter = ScriptedAdapter("m", script, abortable=abortable)
     await store.create(RunRecord("run-1", "t", "m", 0.0))
     request = ChatRequest("m", [Message("user", "hi")], stream=True, **chat)
     spec = RunSpec("run-1", request, adapter, "t", deadlines=deadlines or Deadlines())
-    driver = RunDriver(spec, store, metrics=GatewayMetrics(), confirm_timeout=confirm_timeout)
+    driver = RunDriver(
+        spec,
+        store,
+        metrics=GatewayMetrics(),
+        confirm_timeout=confirm_timeout,
+        stages=stages,
+        settle=settle,
+    )
     return store, adapter, driver
+
+
+class StatusLog(MemoryRunStore):
+    """The in-process store, noting the status its record holds after each change the driver
+    asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: list[RunStatus] = []
+
+    async def advance(self, run_id: str, status: RunStatus) -> bool:
+        moved = await super().advance(run_id, status)
+        self.entered.append((await self.get(run_id)).status)
+        return moved
+
+    async def finish(self, run_id: str, terminal: TerminalRecord, final=None) -> bool:
+        won = await super().finish(run_id, terminal, final)
+        self.entered.append((await self.get(run_id)).status)
+        return won
+
+
+class SlowJudge:
+    """A stage that lets everything through, but holds the batch with `text` in it until its
+    verdict is given (a remote checker's round trip)."""
+
+    stop_source = None
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.judging = asyncio.Event()
+        self.verdict = asyncio.Event()
+
+    async def feed(self, events: list[Event]) -> list[Event]:
+        if any(type(e) is TextDelta and e.text == self.text for e in events):
+            self.judging.set()
+            await self.verdict.wait()
+        return events
+
+    async def finish(self) -> list[Event]:
+        return []
 
 
 async def log(store) -> list[dict]:
@@ -269,3 +327,108 @@ async def test_cancel_racing_a_deadline_gives_one_terminal_state():
     assert record.status in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
     assert len([e for e in await log(store) if "error" in e]) == 1
     assert sum(samples(driver, "sluice_cancellations_total").values()) == 1.0
+
+
+async def test_a_run_enters_each_status_in_turn():
+    store = StatusLog()
+    _, _, driver = await make_driver(
+        lambda r: [Admitted(), TextDelta("a"), TextDelta("b"), Finish("stop"), Usage(5, 2)],
+        store=store,
+    )
+    assert (await driver.start()).status == RunStatus.COMPLETED
+    assert store.entered == [
+        RunStatus.QUEUED,
+        RunStatus.ADMITTED,
+        RunStatus.DECODING,
+        RunStatus.FINALIZING,
+        RunStatus.COMPLETED,
+    ]
+
+
+@pytest.mark.parametrize("ended", ["cancelled here", "failed by another replica"])
+async def test_a_batch_a_stop_kept_out_during_a_stage_is_generated_once(ended):
+    judge = SlowJudge("b")
+    store, adapter, driver = await make_driver(
+        lambda r: [TextDelta("a"), TextDelta("b", tokens=2), 5.0, TextDelta("never")],
+        stages=[judge],
+    )
+    task = driver.start()
+    await asyncio.wait_for(judge.judging.wait(), 5)
+    if ended == "cancelled here":
+        driver.cancel("client")
+    else:  # the log closes under the batch: another replica took this one for dead
+        await store.finish("run-1", *ending(RunStatus.FAILED, LOST_CAUSE))
+    judge.verdict.set()
+    outcome = await task
+    assert texts(await log(store)) == "a"  # "b" was kept out of the log
+    assert adapter.aborted == {"run-1": True}
+    assert driver.acct.aborted_tokens == 3  # the upstream's own count: "a" and "b"
+    assert (outcome.sent_tokens, outcome.tail_tokens, outcome.generated_tokens) == (1, 0, 3)
+    assert samples(driver, "sluice_tokens_total")[(("kind", "generated"),)] == 3.0
+
+
+async def test_a_run_cut_at_shutdown_writes_its_ending_and_still_settles():
+    settled = []
+
+    async def settle(outcome):
+        settled.append(outcome)
+
+    store, adapter, driver = await make_driver(
+        text_script([f"t{i}" for i in range(100)], delay=0.01), settle=settle
+    )
+    task = driver.start()
+    await streaming(store, 3)
+    task.cancel()  # the gateway shutting down (RunManager.close)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [(o.status, o.terminal.cause) for o in settled] == [(RunStatus.FAILED, "shutdown")]
+    assert (await store.get("run-1")).terminal == settled[0].terminal
+    assert (await log(store))[-1]["error"]["code"] == "upstream_error"
+    assert adapter.aborted == {"run-1": True}
+    assert sum(samples(driver, "sluice_runs_finished_total").values()) == 1.0  # run end, once
+
+
+class SlowSettle:
+    """A settle that waits for its release, noting when it began and what it settled."""
+
+    def __init__(self) -> None:
+        self.begun, self.release, self.done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.settled: list = []
+
+    async def __call__(self, outcome) -> None:
+        self.begun.set()
+        await self.release.wait()
+        self.settled.append(outcome)
+        self.done.set()
+
+
+async def test_a_cancel_as_the_run_settles_waits_for_the_settlement():
+    settle = SlowSettle()
+    _, _, driver = await make_driver(text_script(["a"]), settle=settle)
+    task = driver.start()
+    await asyncio.wait_for(settle.begun.wait(), 5)
+    task.cancel()
+    settle.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [o.status for o in settle.settled] == [RunStatus.COMPLETED]  # whole, then cancelled
+
+
+async def test_a_second_cancel_stops_the_wait_not_the_settlement():
+    settle = SlowSettle()
+    store, _, driver = await make_driver(
+        text_script([f"t{i}" for i in range(100)], delay=0.01), settle=settle
+    )
+    task = driver.start()
+    await streaming(store)
+    task.cancel()
+    await asyncio.wait_for(settle.begun.wait(), 5)
+    task.cancel()  # gateway/tasks.py's second try: the driver's task ends now
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert settle.settled == []
+    settle.release.set()  # the settlement goes on by itself
+    await asyncio.wait_for(settle.done.wait(), 5)
+    assert [(o.status, o.terminal.cause) for o in settle.settled] == [
+        (RunStatus.FAILED, "shutdown")
+    ]

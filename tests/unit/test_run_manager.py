@@ -106,3 +106,22 @@ async def test_cancel_is_idempotent_and_a_no_op_once_ended():
     await manager.cancel(driver.run_id, "client")  # ended: nothing happens
     assert (record.status, record.cause) == (RunStatus.CANCELLED, "cancel:client")
     assert (await manager.get(driver.run_id)).terminal == record
+
+
+async def test_close_ends_each_live_run_and_settles_it():
+    manager = RunManager(MemoryRunStore())
+    settled = []
+
+    async def settle(outcome):
+        settled.append(outcome)
+
+    adapter = ScriptedAdapter("m", text_script(PIECES, delay=0.05))
+    driver = await manager.start(RunSpec(new_run_id(), chat(), adapter, "t"), settle)
+    await manager.store.wait(driver.run_id, 1)  # streaming
+    await manager.close()  # the gateway shutting down, past any drain
+    assert [(o.run_id, o.status, o.terminal.cause) for o in settled] == [
+        (driver.run_id, RunStatus.FAILED, "shutdown")
+    ]
+    assert (await manager.store.get(driver.run_id)).terminal == settled[0].terminal
+    assert adapter.aborted == {driver.run_id: True}
+    assert manager.drivers == {}
