@@ -33,6 +33,7 @@ from adapters.events import (
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 from workers import api
+from workers.generate_body import GenerateRequest
 from workers.output_spec import parse_response_format, parse_tools
 from workers.sampling_params import InvalidParam, SamplingParams
 
@@ -48,7 +49,7 @@ _PASSED_CODES = frozenset(
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
-def generate_request(request: ChatRequest, request_id: str) -> api.GenerateRequest:
+def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
     """The worker's `/v1/generate` body for a chat request."""
     params = SamplingParams(
         max_tokens=request.max_tokens,
@@ -68,7 +69,7 @@ def generate_request(request: ChatRequest, request_id: str) -> api.GenerateReque
         tools = parse_tools(request.tools, request.tool_choice)
     except InvalidParam as e:  # a shape the gateway let through but the worker cannot take
         raise BackendRejected(str(e), e.param) from None
-    return api.GenerateRequest(
+    return GenerateRequest(
         request_id,
         messages,
         params,

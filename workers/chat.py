@@ -43,8 +43,8 @@ def uses_tools(messages: list[dict[str, Any]], tools: ToolSpec | None) -> bool:
 def render_prompt(
     tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None = None
 ) -> list[int]:
-    """Prompt ids for `messages` (plain-string content; tool fields as workers/api.py keeps
-    them). With `tool_choice` none the tools are not shown to the model at all."""
+    """Prompt ids for `messages` (plain-string content; tool fields as workers/generate_body.py
+    keeps them). With `tool_choice` none the tools are not shown to the model at all."""
     return _tokens(tokenizer, _render_text(tokenizer, messages, tools, generation_prompt=True))
 
 

@@ -2,7 +2,9 @@
 
 Single-threaded by design: only the engine loop's thread calls it (see async_engine.py), so
 aborts recorded between steps take effect at the next step boundary. The scheduler owns the
-queues, the block manager the KV blocks, the model runner the tensors (STYLE: one owner each).
+queues, the block manager the KV blocks, the model runner the tensors, the live-request table
+(engine_requests.py) the requests until they retire and the lines they report (STYLE: one owner
+each); the engine decides what happens to them, step by step.
 A request's `n` choices share one prompt prefill: the first sequence computes the prompt, and when
 it samples its first token the others fork from it (full blocks shared, the partial last block
 copied) and sample from the same logits row. A step whose forward pass fails fails the requests
@@ -22,6 +24,7 @@ from workers.block_manager import BlockManager, salt_hash
 from workers.continuation import replay
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
+from workers.engine_requests import LiveRequests, Outputs, output_of
 from workers.kv_cache import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheShape,
@@ -31,7 +34,7 @@ from workers.kv_cache import (
 )
 from workers.model_loader import context_length, eos_token_ids
 from workers.model_runner import ModelRunner
-from workers.request import FINISH_REASON, EngineRequest, Request, RequestStatus, SequenceState
+from workers.request import EngineRequest, Request, RequestStatus, SequenceState
 from workers.sampler import Sampler, seeded
 from workers.scheduler import Scheduler
 from workers.stop import StopContext, StopStringHoldback, check_stop
@@ -87,9 +90,7 @@ class Engine:
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
         self.stop_ctx = StopContext(eos_token_ids(model, tokenizer), self.max_model_len)
-        self._requests: dict[str, Request] = {}
-        self._early: dict[str, RequestOutput] = {}  # made by add_request, out with the next step
-        self._ending: set[str] = set()  # requests a sequence of which finished this step
+        self.live = LiveRequests(self.scheduler)
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
         self._step_index = 0
         self._last_step_ended = 0.0
@@ -102,7 +103,7 @@ class Engine:
         """Queue a request. Raises ContextTooLong when it can never run here (see check_fits),
         InvalidContinuation for a continuation it could not have produced (continuation.py).
         Request ids are unique among live requests: the async loop is where that is checked."""
-        assert request.request_id not in self._requests, "a live request id was given again"
+        assert request.request_id not in self.live, "a live request id was given again"
         params = request.params
         continuation = request.continuation
         assert not continuation or params.n == 1, "a continuation is of choice 0 alone"
@@ -129,7 +130,7 @@ class Engine:
         ended = replay(sequences[0], continuation, self.stop_ctx) if continuation else None
         req = Request(request.request_id, request.prompt_ids, params, sequences)
         req.unforked = sequences[1:]  # they fork from the first once it computed the prompt
-        self._requests[req.request_id] = req
+        self.live.add(req)
         req.status = RequestStatus.RUNNING
         if ended is None:
             self.scheduler.add(sequences[0])
@@ -137,9 +138,9 @@ class Engine:
         # NOTE: the first worker died between the last token's line and the `finish` line: end
         # at the next step boundary, without a forward pass, with the lines it would have sent.
         req.admitted = True
-        out = self._out(self._early, req.request_id)
+        out = self.live.early(req.request_id)
         out.events.append(api.AdmittedLine())
-        self._end_sequence(sequences[0], ended, out)
+        self.live.end_sequence(sequences[0], ended, out)
 
     def check_fits(self, prompt_len: int, max_tokens: int | None, continuation: int = 0) -> None:
         """The one check that a request can run here: its prompt within the context, prompt
@@ -174,14 +175,14 @@ class Engine:
 
         `arrived_at` (time.monotonic) is when the abort reached the worker, if that was before
         this call (the engine thread may have been busy with a step)."""
-        if request_id not in self._requests:
+        if request_id not in self.live:
             return False
         arrived = time.monotonic() if arrived_at is None else arrived_at
         self._abort_pending[request_id] = min(arrived, self._abort_pending.get(request_id, arrived))
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self.live)
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
@@ -201,14 +202,13 @@ class Engine:
     def apply_aborts(self) -> list[RequestOutput]:
         """Stop the sequences whose abort arrived since the last step now, so their
         confirmations go out at this step boundary rather than after the next forward."""
-        outputs = self._begin()
+        outputs = self.live.begin()
         self._apply_aborts(outputs)
-        self._retire(outputs)
-        return list(outputs.values())
+        return self.live.retire(outputs)
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; return the events it produced."""
-        outputs = self._begin()
+        outputs = self.live.begin()
         self._apply_aborts(outputs)
         self._step_index += 1
         scheduled = self.scheduler.schedule()
@@ -220,40 +220,25 @@ class Engine:
             except Exception as e:  # NOTE: the edge: this step's requests fail, the loop goes on.
                 for request_id in {s.request_id for s, _ in scheduled.work}:
                     _log_failure("forward", request_id, e)
-                    self._fail(
-                        self._requests[request_id],
-                        ENGINE_ERROR,
-                        "the model failed on this request",
-                        outputs,
+                    self.live.fail(
+                        request_id, ENGINE_ERROR, "the model failed on this request", outputs
                     )
             else:
                 self.scheduler.computed(scheduled.work)
                 self._sample_and_postprocess(samplers, logits, outputs)
         self._last_step_ended = time.monotonic()
-        self._retire(outputs)
-        return list(outputs.values())
+        return self.live.retire(outputs)
 
     def fail_all(self, code: str, message: str) -> list[RequestOutput]:
         """Fail every live request (engine-wide fault or shutdown)."""
-        outputs = self._begin()
-        for req in list(self._requests.values()):
-            self._fail(req, code, message, outputs)
-        self._retire(outputs)
-        return list(outputs.values())
+        outputs = self.live.begin()
+        for request_id in self.live.ids():
+            self.live.fail(request_id, code, message, outputs)
+        return self.live.retire(outputs)
 
     # -- one step -------------------------------------------------------------------------------
 
-    def _begin(self) -> dict[str, RequestOutput]:
-        """This call's outputs, starting with those add_request made since the last call."""
-        outputs, self._early = self._early, {}
-        return outputs
-
-    def _out(self, outputs: dict[str, RequestOutput], request_id: str) -> RequestOutput:
-        if request_id not in outputs:
-            outputs[request_id] = RequestOutput(request_id)
-        return outputs[request_id]
-
-    def _apply_aborts(self, outputs: dict[str, RequestOutput]) -> None:
+    def _apply_aborts(self, outputs: Outputs) -> None:
         """Stop aborted sequences at this step boundary and report what each abort cost.
 
         NOTE: an abort that arrived while the previous step ran could not stop it; the tokens
@@ -261,7 +246,7 @@ class Engine:
         """
         now = time.monotonic()
         for request_id, arrived in sorted(self._abort_pending.items()):
-            req = self._requests.get(request_id)
+            req = self.live.get(request_id)
             if req is None or req.status.is_finished:
                 continue
             for seq in req.live_sequences():
@@ -269,30 +254,28 @@ class Engine:
                     self._step_index
                 )
                 seq.status = RequestStatus.FINISHED_ABORTED
-                self._out(outputs, request_id).events.append(
+                output_of(outputs, request_id).events.append(
                     api.abort_line(
                         seq.index, seq.num_output_tokens, int(in_flight), max(0.0, now - arrived)
                     )
                 )
-                self._release(seq)
+                self.live.release(seq)
         self._abort_pending.clear()
 
-    def _report_admissions(
-        self, work: list[tuple[SequenceState, int]], outputs: dict[str, RequestOutput]
-    ) -> None:
+    def _report_admissions(self, work: list[tuple[SequenceState, int]], outputs: Outputs) -> None:
         """The first time a request is scheduled it has left the queue: say so, before any text.
 
         NOTE: once per request; a preempted sequence scheduled again, or a choice forked or
         scheduled after its leader, belongs to a request already admitted."""
         for seq, _ in work:
-            req = self._requests[seq.request_id]
+            req = self.live[seq.request_id]
             if not req.admitted:
                 req.admitted = True
-                self._out(outputs, req.request_id).events.append(api.AdmittedLine())
+                output_of(outputs, req.request_id).events.append(api.AdmittedLine())
 
     def _fork_children(self, leader: SequenceState) -> list[SequenceState]:
         """The leader just computed the prompt: its siblings start from its KV."""
-        req = self._requests[leader.request_id]
+        req = self.live[leader.request_id]
         forked = []
         for child in req.unforked:
             fork = self.scheduler.fork(leader, child)
@@ -304,7 +287,7 @@ class Engine:
         return forked
 
     def _sample_and_postprocess(
-        self, samplers: list[SequenceState], logits: torch.Tensor, outputs: dict[str, RequestOutput]
+        self, samplers: list[SequenceState], logits: torch.Tensor, outputs: Outputs
     ) -> None:
         rows, row_index = [], []
         for i, seq in enumerate(samplers):
@@ -325,11 +308,8 @@ class Engine:
         except Exception as e:  # a bad row must not sink the batch: fail the requests in it
             for request_id in {s.request_id for s in rows}:
                 _log_failure("sampling", request_id, e)
-                self._fail(
-                    self._requests[request_id],
-                    ENGINE_ERROR,
-                    "sampling failed for this request",
-                    outputs,
+                self.live.fail(
+                    request_id, ENGINE_ERROR, "sampling failed for this request", outputs
                 )
             return
         for seq, token_id, logprob in zip(rows, result.token_ids, result.logprobs, strict=True):
@@ -339,11 +319,8 @@ class Engine:
                 self._postprocess(seq, token_id, logprob, outputs)
             except Exception as e:
                 _log_failure("decoding", seq.request_id, e)
-                self._fail(
-                    self._requests[seq.request_id],
-                    ENGINE_ERROR,
-                    "decoding failed for this request",
-                    outputs,
+                self.live.fail(
+                    seq.request_id, ENGINE_ERROR, "decoding failed for this request", outputs
                 )
 
     def _postprocess(
@@ -351,7 +328,7 @@ class Engine:
         seq: SequenceState,
         token_id: int,
         logprob: dict[str, Any] | None,
-        outputs: dict[str, RequestOutput],
+        outputs: Outputs,
     ) -> None:
         seq.append_token(token_id, logprob)
         seq.last_token_step = self._step_index
@@ -362,54 +339,10 @@ class Engine:
             return
         events = seq.take_events()
         if events:
-            self._out(outputs, seq.request_id).events.extend(events)
+            output_of(outputs, seq.request_id).events.extend(events)
 
-    def _finish_sequence(
-        self, seq: SequenceState, status: RequestStatus, outputs: dict[str, RequestOutput]
-    ) -> None:
-        out = self._out(outputs, seq.request_id)
+    def _finish_sequence(self, seq: SequenceState, status: RequestStatus, outputs: Outputs) -> None:
+        out = output_of(outputs, seq.request_id)
         seq.flush_text()
         out.events.extend(seq.take_events())
-        self._end_sequence(seq, status, out)
-
-    def _end_sequence(self, seq: SequenceState, status: RequestStatus, out: RequestOutput) -> None:
-        """The `finish` line, once the sequence's last text is out."""
-        if status == RequestStatus.FINISHED_STOPPED and seq.tool_calls_sent:
-            status = RequestStatus.FINISHED_TOOL_CALLS
-        seq.status = status
-        out.events.append(api.FinishLine(seq.index, FINISH_REASON[status], seq.num_output_tokens))
-        self._release(seq)
-
-    def _fail(
-        self, req: Request, code: str, message: str, outputs: dict[str, RequestOutput]
-    ) -> None:
-        if req.status == RequestStatus.FINISHED_ERROR:  # one error line per request
-            return
-        for seq in req.sequences:
-            seq.status = RequestStatus.FINISHED_ERROR
-            self._release(seq)
-        req.status = RequestStatus.FINISHED_ERROR
-        out = self._out(outputs, req.request_id)
-        out.events.append(api.ErrorLine(code, message))
-        out.finished = True
-
-    def _release(self, seq: SequenceState) -> None:
-        self.scheduler.release(seq)
-        self._ending.add(seq.request_id)
-
-    def _retire(self, outputs: dict[str, RequestOutput]) -> None:
-        """Requests whose sequences are all done leave the engine; a normal end sends usage.
-        Only the requests a sequence of which ended since the last call are looked at."""
-        ending, self._ending = self._ending, set()
-        for request_id in ending:
-            req = self._requests.get(request_id)
-            if req is None:
-                continue
-            if req.status != RequestStatus.FINISHED_ERROR:
-                if req.live_sequences():
-                    continue
-                req.status = max(s.status for s in req.sequences)
-                out = self._out(outputs, req.request_id)
-                out.events.append(api.UsageLine(len(req.prompt_ids), req.completion_tokens))
-                out.finished = True
-            del self._requests[req.request_id]
+        self.live.end_sequence(seq, status, out)

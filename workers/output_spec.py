@@ -1,9 +1,9 @@
 """What a request asks of the output's shape: a response format and the tools it may call.
 
 Torch- and grammar-free, so the gateway's worker adapter builds these and the worker server parses
-them with the same code (workers/api.py serialises them). Parsing checks the wire shape and names
-the field (`InvalidParam`); whether a schema can be enforced is the grammar compiler's business
-(workers/grammar.py), which needs the model's tokenizer.
+them with the same code (workers/generate_body.py serialises them). Parsing checks the wire
+shape and names the field (`InvalidParam`); whether a schema can be enforced is the grammar
+compiler's business (workers/grammar.py), which needs the model's tokenizer.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The worker's HTTP API (docs/worker-api.md): thin routes over `WorkerService`.
 
-Routes parse and delegate; api.py knows the field names; errors become OpenAI-shaped bodies
-here, in one place, and never carry a stack trace. A closed connection aborts its request: the
-handler is cancelled (the CLI runs aiohttp with `handler_cancellation`) or its next write fails,
-and either way the stream generator is closed, which aborts the request in the engine.
+Routes parse and delegate; api.py and generate_body.py know the field names; errors become
+OpenAI-shaped bodies here, in one place, and never carry a stack trace. A closed connection
+aborts its request: the handler is cancelled (the CLI runs aiohttp with `handler_cancellation`)
+or its next write fails, and either way the stream generator is closed, which aborts the request
+in the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workers.api import BadRequest
 from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
 from workers.async_engine import DuplicateRequest, EngineNotRunning
 from workers.config import WorkerConfig
+from workers.generate_body import parse_generate
 from workers.service import LoadedModel, WorkerService
 
 log = structlog.get_logger("sluice.worker.http")
@@ -116,7 +118,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not service.is_ready:
         return _not_ready()
     try:
-        parsed = api.parse_generate(await _read_json(request))
+        parsed = parse_generate(await _read_json(request))
         engine_request = await service.prepare(parsed)
     except BadRequest as e:
         return _error(400, e.message, e.code, e.param)

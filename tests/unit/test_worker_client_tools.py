@@ -17,6 +17,7 @@ from adapters.worker_client import WorkerAdapter, generate_request, to_event
 from tests.support.waiting import until
 from workers import api
 from workers.config import WorkerConfig
+from workers.generate_body import parse_generate
 from workers.server import create_worker_app
 
 PARAMS = {
@@ -50,7 +51,7 @@ def chat(**overrides) -> ChatRequest:
 def test_the_body_carries_format_tools_and_tool_turns_and_parses_back() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": PARAMS, "strict": True}}
     built = generate_request(chat(tools=TOOLS, tool_choice="auto", response_format=fmt), "r1")
-    parsed = api.parse_generate(orjson.loads(built.to_json()))
+    parsed = parse_generate(orjson.loads(built.to_json()))
     assert (parsed.response_format, parsed.tools) == (built.response_format, built.tools)
     assert parsed.response_format.wire() == fmt
     assert parsed.messages[1] == {

@@ -12,7 +12,8 @@ from adapters.requests import ChatRequest, Message
 from adapters.worker_client import generate_request, to_event
 from tests.support.worker_app import started_worker_app
 from workers import api
-from workers.api import BadRequest, parse_generate
+from workers.api import BadRequest
+from workers.generate_body import MAX_CONTINUATION, parse_generate
 
 HI = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
@@ -66,7 +67,7 @@ def test_a_continuation_is_of_one_choice_and_bounded() -> None:
         parse_generate(body(n=2, continuation=[5]))
     assert refused.value.param == "continuation"
     with pytest.raises(BadRequest) as refused:
-        parse_generate(body(continuation=[0] * (api.MAX_CONTINUATION + 1)))
+        parse_generate(body(continuation=[0] * (MAX_CONTINUATION + 1)))
     assert refused.value.param == "continuation"
     assert parse_generate(body(n=2, continuation=[])).continuation == ()  # nothing to continue
     assert parse_generate(body(continuation=None)).continuation == ()

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.api import BadRequest, GenerateRequest, parse_generate
+from workers.api import BadRequest
+from workers.generate_body import GenerateRequest, parse_generate
 from workers.sampling_params import SamplingParams
 
 
