@@ -5,7 +5,9 @@ it best, and a dead or hung member costs the client nothing it can see.
 - Health: `ready()` (asked every second by the gateway's prober) probes every member at once,
   each within `probe_timeout`: a member that does not answer is out until it does; its reported
   step counter shows a hung engine (adapters/pool_members.py). A member that stalls, or misses
-  `EVICT_AFTER_PROBES` probes in a row, has its streams moved elsewhere.
+  `EVICT_AFTER_PROBES` probes in a row, has its streams moved elsewhere; one that stalls, or
+  answers no probe at all for `stall_timeout`, is reported hung (`on_stall`: a local worker is
+  restarted).
 - Failover: a request whose member fails before the first event (unreachable, 503, a broken
   connection) goes to the next member; a refusal (a 400) is the request's own fault and is not
   retried. A run whose member dies or is taken out mid-stream continues on another member from
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -27,13 +29,25 @@ import structlog
 from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
 from adapters.events import ErrorEvent, Event
 from adapters.pool_continuation import RunProgress
-from adapters.pool_members import EVICT_AFTER_PROBES, Lease, Member, MemberLost
+from adapters.pool_members import EVICT_AFTER_PROBES, Lease, Member, MemberLost, Probe
 from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
 
 log = structlog.get_logger("sluice.pool")
 RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
 MIGRATION_WAIT = 30.0  # seconds a run waits for a member able to continue it (a restart)
+
+
+def member_names(adapters: Sequence[Adapter]) -> list[str]:
+    """Each member's name in metrics and logs: its adapter's, with `#2`, `#3`, … after one
+    already taken (two `--upstream` servers of one model are both named after the model)."""
+    seen: Counter[str] = Counter()
+    names = []
+    for adapter in adapters:
+        seen[adapter.name] += 1
+        n = seen[adapter.name]
+        names.append(adapter.name if n == 1 else f"{adapter.name}#{n}")
+    return names
 
 
 def worker_failed() -> ErrorEvent:
@@ -60,13 +74,14 @@ class PoolAdapter:
     ) -> None:
         """`members` are started and closed by their owner, not by the pool (one adapter may
         serve several models, so be a member of several pools). `model`: the model id this pool
-        serves (None: the first member's). `on_stall(member_name)`: a member's engine is hung
-        (a local one can be restarted)."""
+        serves (None: the first member's). `on_stall(member_name)`: a member is hung, its engine
+        stalled with work or it answered no probe for `stall_timeout` (a local one can be
+        restarted)."""
         if not members:
             raise ValueError("a pool needs at least one member")
         self.name = name
         self.model = model
-        self.members = [Member(a) for a in members]
+        self.members = [Member(a, n) for a, n in zip(members, member_names(members), strict=True)]
         self.router = Router(routing)
         self.stall_timeout = stall_timeout
         self.probe_timeout = probe_timeout
@@ -102,10 +117,10 @@ class PoolAdapter:
         """Probe every member; whether any can take work."""
         results = await asyncio.gather(*(self._probe(m) for m in self.members))
         now = self.clock()
-        for member, (ok, stats) in zip(self.members, results, strict=True):
+        for member, probe in zip(self.members, results, strict=True):
             was = member.usable(now)
-            if member.probed(ok, stats, now, self.stall_timeout):
-                log.error("pool member stalled", member=member.name, steps=member.steps)
+            if hung := member.probed(probe, now, self.stall_timeout):
+                log.error("pool member hung", member=member.name, why=hung, steps=member.steps)
                 if self.on_stall is not None:
                     self.on_stall(member.name)
             lost = member.stalled or member.silent_probes >= EVICT_AFTER_PROBES
@@ -119,15 +134,15 @@ class PoolAdapter:
                     self._changed.set()
         return any(m.usable(now) for m in self.members)
 
-    async def _probe(self, member: Member) -> tuple[bool, dict[str, Any] | None]:
+    async def _probe(self, member: Member) -> Probe:
         stats_of = getattr(member.adapter, "stats", None)
         try:
             async with asyncio.timeout(self.probe_timeout):
                 ok = await member.adapter.ready()
                 stats = await stats_of() if ok and stats_of is not None else None
         except TimeoutError:
-            return False, None
-        return ok, stats
+            return Probe(ok=False, answered=False)
+        return Probe(ok, stats=stats)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [m.snapshot() for m in self.members]
@@ -224,10 +239,7 @@ class PoolAdapter:
         self, member: Member, run: RunProgress, request_id: str
     ) -> AsyncIterator[list[Event]]:
         """One member's stream of the run, while this member has it."""
-        member.routed += 1
-        member.routed_total += 1
-        lease = Lease(member)
-        member.leases.add(lease)
+        lease = member.lease()
         self._serving[request_id] = (lease, run)
         counted = not run.migrating
         try:
@@ -243,7 +255,7 @@ class PoolAdapter:
                     if batch := run.passed(batch):
                         yield batch
         finally:
-            member.leases.discard(lease)
+            member.release(lease)
             if self._serving.get(request_id, (None,))[0] is lease:
                 del self._serving[request_id]
 

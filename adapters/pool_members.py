@@ -3,15 +3,21 @@ whether its engine is moving (design §6).
 
 Load comes from the member's own reported stats (waiting + running), which every gateway replica
 reads alike, so N replicas agree without talking to each other; requests routed since the last
-report are added so a burst between two reports does not all land on one member. A member with
+report and still streaming are added so a burst between two reports does not all land on one
+member (one that already ended is in no report, and loads nothing now). A member with
 work whose step counter stands still for `stall_timeout` has a hung engine (its /health may
 still say 200): it is ejected until its steps move again, and its owner (the supervisor, for a
-local worker) is told so it can restart it.
+local worker) is told so it can restart it. So is a member that answers no probe at all for
+`stall_timeout` (SIGSTOPped, wedged): it sends no stats, so its steps cannot tell.
+
+Ejections are counted as events, a member going from in routing to out of it, by reason
+(`EJECTION_REASONS`); a member already out that fails again is not ejected again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +25,18 @@ from adapters.base import Adapter
 
 EJECT_FOR = 5.0  # seconds a member that failed a request sits out (a passing probe ends it early)
 EVICT_AFTER_PROBES = 3  # a member silent for this many probes in a row has its streams moved
+# why a member was taken out of routing: it failed or did not answer its probe; its engine
+# stalled with work; a request failed on it
+EJECTION_REASONS = ("probe", "stall", "failure")
+
+
+@dataclass(slots=True, frozen=True)
+class Probe:
+    """What one probe of a member found."""
+
+    ok: bool  # it answered that it is ready
+    answered: bool = True  # it answered at all within the probe timeout (refused counts)
+    stats: dict[str, Any] | None = None  # its own load and step counter (our workers)
 
 
 class MemberLost(Exception):
@@ -28,10 +46,11 @@ class MemberLost(Exception):
 class Lease:
     """One request streaming from one member: the pool can interrupt its read to move it."""
 
-    __slots__ = ("_reading", "evicted", "member")
+    __slots__ = ("_reading", "evicted", "member", "report")
 
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: Member, report: int) -> None:
         self.member = member
+        self.report = report  # the member's reports before it: later ones count this request
         self.evicted = False
         self._reading: asyncio.Timeout | None = None
 
@@ -61,27 +80,30 @@ class Lease:
 @dataclass(slots=True)
 class Member:
     adapter: Adapter
+    name: str = ""  # in metrics and logs, unique in its pool (the adapter's name by default)
     healthy: bool = True  # its last probe passed (none yet: taken to be up)
     ejected_until: float = 0.0  # failed a request: not routed to until then
     stalled: bool = False  # had work and did not step for the stall timeout
     load: int = 0  # waiting + running, as it last reported
     reported: bool = False  # it reports stats (our workers); else `in_flight` is its load
-    routed: int = 0  # requests routed to it since that report
+    routed: int = 0  # requests routed to it since that report, still streaming
+    reports: int = 0  # stats reports received
     steps: int | None = None
     steps_moved_at: float = 0.0  # when its step counter last moved (or it had no work)
     silent_probes: int = 0  # probes in a row it did not pass
+    unanswered_since: float | None = None  # first of the probes in a row it did not answer at all
+    hung: bool = False  # unanswered for the stall timeout (reported once, until it answers)
     leases: set[Lease] = field(default_factory=set)  # this gateway's requests streaming from it
     prefix_hit_ratio: float | None = None  # its prefix cache's hits / lookups, as it reports
     kv_usage: float = 0.0  # the share of its KV blocks in use, as it reports
     # counted for the metrics
-    routed_total: int = 0
+    requests_total: int = 0
     failures_total: int = 0
-    ejections_total: int = 0
+    ejections: Counter[str] = field(default_factory=Counter)  # reason → times taken out
     stalls_total: int = 0
 
-    @property
-    def name(self) -> str:
-        return self.adapter.name
+    def __post_init__(self) -> None:
+        self.name = self.name or self.adapter.name
 
     def usable(self, now: float) -> bool:
         return self.healthy and not self.stalled and now >= self.ejected_until
@@ -93,6 +115,20 @@ class Member:
     def score(self) -> int:
         return self.load + self.routed if self.reported else self.in_flight
 
+    def lease(self) -> Lease:
+        """A request (or a run's continuation) streams from this member from now on."""
+        self.routed += 1
+        self.requests_total += 1
+        lease = Lease(self, self.reports)
+        self.leases.add(lease)
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Its stream ended: no longer load, unless a report since counts it already."""
+        self.leases.discard(lease)
+        if lease.report == self.reports:
+            self.routed -= 1
+
     def evict_all(self) -> int:
         """Move every request streaming from this member elsewhere; how many there were."""
         for lease in self.leases:
@@ -100,20 +136,44 @@ class Member:
         return len(self.leases)
 
     def failed(self, now: float) -> None:
-        """A request failed here before its first event: sit out, so the next goes elsewhere."""
+        """A request failed here: sit out, so the next goes elsewhere."""
         self.failures_total += 1
-        self.ejections_total += 1
+        if self.usable(now):
+            self.ejections["failure"] += 1
         self.ejected_until = now + EJECT_FOR
 
-    def probed(self, ok: bool, stats: dict[str, Any] | None, now: float, stall_timeout: float):
-        """A probe's result; True when this probe found the engine newly stalled."""
-        self.healthy = ok
-        self.silent_probes = 0 if ok else self.silent_probes + 1
-        if ok and now < self.ejected_until:
+    def probed(self, probe: Probe, now: float, stall_timeout: float) -> str | None:
+        """A probe's result. `stall` or `silent` when this probe found the member newly hung
+        (its engine stalled with work, or it answered nothing for `stall_timeout`), so its
+        owner should restart it; else None."""
+        was = self.usable(now)
+        hung = self._heard(probe, now, stall_timeout)
+        if probe.stats is not None and self._reported(probe.stats, now, stall_timeout):
+            hung = "stall"
+        if was and not self.usable(now):
+            self.ejections["stall" if self.stalled else "probe"] += 1
+        return hung
+
+    def _heard(self, probe: Probe, now: float, stall_timeout: float) -> str | None:
+        """Health and silence from the probe; `silent` when it newly went unanswered too long."""
+        self.healthy = probe.ok
+        self.silent_probes = 0 if probe.ok else self.silent_probes + 1
+        if probe.ok and now < self.ejected_until:
             self.ejected_until = 0.0  # it answers again: back in
-        if stats is None:
-            return False
+        if probe.answered:
+            self.unanswered_since, self.hung = None, False
+            return None
+        if self.unanswered_since is None:
+            self.unanswered_since = now
+        if self.hung or now - self.unanswered_since < stall_timeout:
+            return None
+        self.hung = True
+        return "silent"
+
+    def _reported(self, stats: dict[str, Any], now: float, stall_timeout: float) -> bool:
+        """Load and steps from the member's own stats; True when its engine newly stalled."""
         self.reported, self.routed = True, 0
+        self.reports += 1
         work = int(stats.get("waiting", 0)) + int(stats.get("running", 0))
         self.load = work
         total = stats.get("kv_blocks_total") or 0
@@ -131,7 +191,6 @@ class Member:
         if not self.stalled and now - self.steps_moved_at >= stall_timeout:
             self.stalled = True
             self.stalls_total += 1
-            self.ejections_total += 1
             return True
         return False
 
@@ -141,9 +200,9 @@ class Member:
             "healthy": self.healthy and not self.stalled,
             "in_flight": self.in_flight,
             "load": self.score(),
-            "routed": self.routed_total,
+            "requests": self.requests_total,
             "failures": self.failures_total,
-            "ejections": self.ejections_total,
+            "ejections": {reason: self.ejections[reason] for reason in EJECTION_REASONS},
             "stalls": self.stalls_total,
             "prefix_hit_ratio": self.prefix_hit_ratio,
         }

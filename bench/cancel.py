@@ -159,6 +159,16 @@ def worker_step_seconds(metrics_text: str) -> float:
     return total / count if count else float("nan")
 
 
+def local_worker_port(metrics_text: str) -> str:
+    """The port of the gateway's local worker, from its pool member's name (`local:PORT`)."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "sluice_member_requests":
+            for s in family.samples:
+                if s.labels["member"].startswith("local:"):
+                    return s.labels["member"].rsplit(":", 1)[1]
+    raise RuntimeError("the gateway names no local worker")
+
+
 async def drive(args: Args, base: str, model: str) -> float:
     rng = random.Random(args.seed)
     gate = asyncio.Semaphore(args.concurrency)
@@ -185,8 +195,8 @@ async def drive(args: Args, base: str, model: str) -> float:
         await asyncio.gather(*(bounded(i) for i in range(args.streams)))
         wall = time.monotonic() - began
         await asyncio.sleep(1.0)  # let the last confirmations land
-        worker = (await (await session.get(f"{base}/readyz")).json())["backends"]
-        port = next(iter(worker)).rsplit(":", 1)[1]
+        async with session.get(f"{base}/metrics") as resp:
+            port = local_worker_port(await resp.text())
         async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
             step = worker_step_seconds(await resp.text())
     print(f"{args.streams} streams in {wall:.1f} s at concurrency {args.concurrency}")

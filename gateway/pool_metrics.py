@@ -1,22 +1,33 @@
 """The pools' members in Prometheus (design §7): read from the pools when scraped, so the
-routing path only bumps plain counters."""
+routing path only bumps plain counters.
+
+The contract's per-member series, `sluice_member_requests_total{member}`,
+`sluice_member_failures_total{member}` and `sluice_member_ejections_total{member,reason}`, are
+labelled by member only. Names are unique within a pool (adapters/pool.py `member_names`), and
+each member serves one model, so one pool; a member in several pools (an adapter serving several
+models) would be summed over them, never exposed twice. The other series say which pool.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from adapters.pool import PoolAdapter
+from adapters.pool_members import EJECTION_REASONS
 
 MIGRATION_OUTCOMES = ("continued", "failed", "not_continuable")
 
-_COUNTERS = {
-    "routed": "Requests routed to the pool member.",
-    "failures": "Requests the member failed before their first event (then retried elsewhere).",
-    "ejections": "Times the member was taken out of routing (a failed request, a stall).",
-    "stalls": "Times the member had work and took no engine step for --stall-timeout.",
-}
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
+    return family
 
 
 class PoolCollector:
@@ -27,11 +38,53 @@ class PoolCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._members()
+        yield from self._pools()
+
+    def _members(self) -> Iterator[Metric]:
+        """The contract's series, one per member name."""
+        requests: Counter[str] = Counter()
+        failures: Counter[str] = Counter()
+        ejections: Counter[tuple[str, str]] = Counter()
+        for pool in self.pools:
+            for row in pool.snapshot():
+                member = row["member"]
+                requests[member] += row["requests"]
+                failures[member] += row["failures"]
+                for reason in EJECTION_REASONS:
+                    ejections[member, reason] += row["ejections"][reason]
+        yield _counter(
+            "sluice_member_requests",
+            "Requests sent to the pool member (a run retried or continued elsewhere counts on "
+            "each member it reached).",
+            ["member"],
+            {(m,): n for m, n in requests.items()},
+        )
+        yield _counter(
+            "sluice_member_failures",
+            "Requests that failed on the member (unreachable, a 503, a broken connection, the "
+            "member taken out), before their first event (then retried elsewhere) or "
+            "mid-stream (then continued elsewhere where they can be).",
+            ["member"],
+            {(m,): n for m, n in failures.items()},
+        )
+        yield _counter(
+            "sluice_member_ejections",
+            "Times the member was taken out of routing, by reason: probe (it failed or did not "
+            "answer its health probe), stall (it had work and its engine took no step for "
+            "--stall-timeout), failure (a request failed on it).",
+            ["member", "reason"],
+            ejections,
+        )
+
+    def _pools(self) -> Iterator[Metric]:
+        """The pool-labelled series beyond the contract's."""
         labels = ["pool", "member"]
-        counters = {
-            k: CounterMetricFamily(f"sluice_pool_member_{k}", doc, labels=labels)
-            for k, doc in _COUNTERS.items()
-        }
+        stalls = CounterMetricFamily(
+            "sluice_pool_member_stalls",
+            "Times the member had work and took no engine step for --stall-timeout.",
+            labels=labels,
+        )
         in_flight = GaugeMetricFamily(
             "sluice_pool_member_in_flight",
             "This gateway's requests streaming from it.",
@@ -60,8 +113,7 @@ class PoolCollector:
         for pool in self.pools:
             for row in pool.snapshot():
                 key = [pool.name, row["member"]]
-                for name, family in counters.items():
-                    family.add_metric(key, row[name])
+                stalls.add_metric(key, row["stalls"])
                 in_flight.add_metric(key, row["in_flight"])
                 healthy.add_metric(key, int(row["healthy"]))
                 if row["prefix_hit_ratio"] is not None:
@@ -69,7 +121,7 @@ class PoolCollector:
             affinity.add_metric([pool.name], pool.affinity_routes)
             for outcome in MIGRATION_OUTCOMES:
                 migrations.add_metric([pool.name, outcome], pool.migrations[outcome])
-        yield from counters.values()
+        yield stalls
         yield in_flight
         yield healthy
         yield affinity

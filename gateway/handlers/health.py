@@ -1,30 +1,47 @@
-"""Probes and metrics: `/healthz` (process up), `/readyz` (a backend takes work), `/metrics`."""
+"""Probes and metrics: `/healthz` (process up), `/readyz` (models can be served), `/metrics`."""
 
 from __future__ import annotations
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.app_keys import DRAIN, HEALTH, METRICS, REDIS
+from gateway.app_keys import CATALOG, DRAIN, HEALTH, METRICS, REDIS
 
 
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def model_states(app: web.Application) -> dict[str, bool]:
+    """Per model id: whether a member of its backend can take work (as last probed)."""
+    catalog, health = app[CATALOG], app[HEALTH]
+    states = {}
+    for info in catalog.models():
+        adapter = catalog.lookup(info.id)
+        states[info.id] = adapter is not None and health.ready(adapter)
+    return states
+
+
 async def readyz(request: web.Request) -> web.Response:
-    """503 unless some backend can take work (as last probed, at most a second ago) and the
-    state store answers (Redis is pinged; the in-process store always does); 503 `draining`
-    once shutdown began, so a load balancer stops sending here (gateway/drain.py)."""
-    backends = request.app[HEALTH].states()
+    """200 while some model can be served and the state store answers (Redis is pinged; the
+    in-process store always does): `ready` when every model can, `degraded` when only some can
+    (the body names them). 503 `unavailable` when none can or the store does not answer, and
+    503 `draining` once shutdown began, so a load balancer stops sending here
+    (gateway/drain.py).
+
+    NOTE: a replica that can serve nothing is taken out; one that serves some models is not,
+    since what fails one model is often shared by every replica (an upstream, a remote worker)
+    and taking them all out would stop the models that still work. A request for a model
+    without a ready member is answered at once, 503 `overloaded` with retry-after."""
+    models = model_states(request.app)
     shared = request.app.get(REDIS)
     store = "in-process" if shared is None else "ok" if await shared.ping() else "unavailable"
-    ready = any(backends.values()) and store != "unavailable"
-    status = "ready" if ready else "unavailable"
+    ready = any(models.values()) and store != "unavailable"
+    status = "unavailable" if not ready else "ready" if all(models.values()) else "degraded"
     if request.app[DRAIN].draining:
         ready, status = False, "draining"
     return web.json_response(
-        {"status": status, "backends": backends, "store": store},
+        {"status": status, "models": models, "store": store},
         status=200 if ready else 503,
     )
 

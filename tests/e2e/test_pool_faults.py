@@ -1,6 +1,7 @@
 """Two local workers behind a real `sluice serve --workers 2` on the tiny model: a member that is
-killed or hung costs the clients nothing they can see (its requests go to the other member), and
-a killed one is restarted and routed to again."""
+killed or hung costs the clients nothing they can see (its requests go to the other member), a
+killed one is restarted and routed to again, and so is one that answers nothing for
+`--stall-timeout`."""
 
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ def test_a_killed_member_costs_no_request_and_rejoins(tiny_model_dir):
             return len(now) == 2 and now != before and healthy_members(gateway) == 2
 
         until_sync(rejoined, "the killed member to be restarted and routed to", within=60)
-        routed = metric(gateway, "sluice_pool_member_routed_total")
+        routed = metric(gateway, "sluice_member_requests_total")
         assert [chat(gateway).status_code for _ in range(4)] == [200] * 4
-        assert metric(gateway, "sluice_pool_member_routed_total") == routed + 4
+        assert metric(gateway, "sluice_member_requests_total") == routed + 4
 
 
 def test_a_hung_member_is_left_out_and_back_once_it_answers(tiny_model_dir):
@@ -58,3 +59,22 @@ def test_a_hung_member_is_left_out_and_back_once_it_answers(tiny_model_dir):
         until_sync(lambda: healthy_members(gateway) == 2, "the member to be back")
         ready = httpx.get(f"{gateway.root}/readyz").json()
         assert ready["status"] == "ready"
+
+
+def test_a_member_silent_for_the_stall_timeout_is_restarted(tiny_model_dir):
+    with serving(tiny_model_dir, "--workers", "2", "--stall-timeout", "2") as gateway:
+        until_sync(lambda: healthy_members(gateway) == 2, "both members to be healthy")
+        stopped = workers(gateway)[1]
+        stopped.send_signal(signal.SIGSTOP)  # no answer, no stats: no step counter to stall
+        try:
+
+            def replaced() -> bool:
+                now = workers(gateway)
+                return len(now) == 2 and stopped.pid not in {p.pid for p in now}
+
+            until_sync(replaced, "the silent member to be killed and started again", within=30)
+        finally:
+            if stopped.is_running():
+                stopped.send_signal(signal.SIGCONT)
+        until_sync(lambda: healthy_members(gateway) == 2, "the restarted member back", within=60)
+        assert [chat(gateway).status_code for _ in range(4)] == [200] * 4

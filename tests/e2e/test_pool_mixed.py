@@ -56,7 +56,7 @@ def stream_on_upstream(gateway: Served, model: str, max_tokens: int):
     """A live stream the pool routed to the upstream member, its first chunk read (streams
     routed elsewhere are dropped until one is)."""
     for i in range(12):
-        before = metric(gateway, "sluice_pool_member_routed_total", member=model)
+        before = metric(gateway, "sluice_member_requests_total", member=model)
         stream = client(gateway).chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": f"a long story {i}"}],
@@ -65,7 +65,7 @@ def stream_on_upstream(gateway: Served, model: str, max_tokens: int):
         )
         chunks = iter(stream)
         first = next(chunks)
-        if metric(gateway, "sluice_pool_member_routed_total", member=model) > before:
+        if metric(gateway, "sluice_member_requests_total", member=model) > before:
             return first, chunks
         stream.close()
     raise AssertionError("no stream was routed to the upstream member")
@@ -79,7 +79,7 @@ def test_every_member_serves_and_a_cancel_on_the_upstream_stops_it_there(mixed):
             model=model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=4
         )
         assert answer.choices[0].finish_reason == "length"
-    routed = {n: metric(gateway, "sluice_pool_member_routed_total", member=n) for n in names}
+    routed = {n: metric(gateway, "sluice_member_requests_total", member=n) for n in names}
     assert sum(routed.values()) == 9 and all(n >= 1 for n in routed.values()), routed
 
     first, chunks = stream_on_upstream(gateway, model, max_tokens=600)

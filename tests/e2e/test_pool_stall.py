@@ -33,6 +33,8 @@ def test_a_hung_engine_is_ejected_as_stalled_and_its_runs_move(tiny_model_dir, t
 
             streams, reference = cut_mid_stream(gateway, hang, "stall")
             assert metric(gateway, "sluice_pool_member_stalls_total", member=member) == 1
+            stall = {"member": member, "reason": "stall"}
+            assert metric(gateway, "sluice_member_ejections_total", **stall) == 1
             assert metric(gateway, "sluice_pool_member_healthy", member=member) == 0
             assert metric(gateway, "sluice_run_migrations_total", outcome="continued") >= 1
             assert_as_if_uninterrupted(streams, reference)

@@ -14,3 +14,12 @@ WORKER_METRICS = frozenset(
         "sluice_worker_generated_tokens",
     }
 )
+
+# per pool member (the gateway's pools), labelled `member` (and `reason` for ejections)
+MEMBER_METRICS = frozenset(
+    {
+        "sluice_member_requests",
+        "sluice_member_failures",
+        "sluice_member_ejections",
+    }
+)

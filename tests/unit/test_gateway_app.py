@@ -8,6 +8,7 @@ import pytest
 
 from adapters.base import BackendFailed, BackendUnavailable
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
+from gateway.app_keys import HEALTH
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
 from tests.support.waiting import until
@@ -148,7 +149,29 @@ async def test_models_health_and_auth(aiohttp_client):
     assert (await client.get("/healthz")).status == 200
     ready = await client.get("/readyz")
     assert ready.status == 200
-    assert (await ready.json())["backends"] == {"scripted:m1": True}
+    assert await ready.json() == {"status": "ready", "models": {"m1": True}, "store": "in-process"}
+
+
+async def test_readyz_says_per_model_whether_a_backend_can_serve_it(aiohttp_client):
+    up = ScriptedAdapter("m1", text_script(["x"]))
+    down = ScriptedAdapter("m2", text_script(["y"]), ready=False)
+    client = await aiohttp_client(gateway_app(adapters=[up, down]))
+    ready = await client.get("/readyz")
+    assert ready.status == 200  # some model can be served: the replica stays in
+    assert await ready.json() == {
+        "status": "degraded",
+        "models": {"m1": True, "m2": False},
+        "store": "in-process",
+    }
+    up.is_ready = False
+    await client.app[HEALTH].probe()
+    ready = await client.get("/readyz")
+    assert ready.status == 503  # none can: out
+    assert await ready.json() == {
+        "status": "unavailable",
+        "models": {"m1": False, "m2": False},
+        "store": "in-process",
+    }
 
 
 def test_the_app_refuses_to_run_without_a_key():
