@@ -18,6 +18,7 @@ from gateway.backends import local_workers, member_adapters, routed_backends
 from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.drain import SETTLE_MARGIN, Drain
 from gateway.handlers.chat import create_chat_completion
+from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
@@ -114,4 +115,5 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_json)
     return app

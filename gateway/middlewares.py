@@ -29,7 +29,7 @@ from gateway.runs.store import StoreUnavailable
 log = structlog.get_logger("sluice.gateway")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 
 def _http_error(exc: web.HTTPException) -> APIError:

@@ -15,6 +15,7 @@ from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGP
 
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+MAX_INT64 = 2**63 - 1  # what a body can carry on to a backend
 
 
 def _type_name(value: Any) -> str:
@@ -59,7 +60,11 @@ def _number(body: dict[str, Any], name: str, low: float, high: float, *, low_ope
 
 
 def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
-    value = _expect(body, name, (int,), "an integer")
+    value = body.get(name)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        value = int(value)  # JSON's 1e3 and 8.0 are integers too
+    else:
+        value = _expect(body, name, (int,), "an integer")
     if value is None:
         return None
     if value < low or (high is not None and value > high):
@@ -274,9 +279,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
             "The 'stream_options' parameter is only allowed when 'stream' is true.",
         )
     include_usage = bool(_expect(options or {}, "include_usage", (bool,), "a boolean"))
-    max_tokens = _integer(body, "max_completion_tokens", 1)
+    max_tokens = _integer(body, "max_completion_tokens", 1, MAX_INT64)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
+        max_tokens = _integer(body, "max_tokens", 1, MAX_INT64)
     logprobs = bool(_expect(body, "logprobs", (bool,), "a boolean"))
     top_logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top_logprobs and not logprobs:
@@ -293,7 +298,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
-        seed=_integer(body, "seed", -(2**63), 2**63 - 1),
+        seed=_integer(body, "seed", -(2**63), MAX_INT64),
         stop=_parse_stop(body),
         n=_integer(body, "n", 1, MAX_N) or 1,
         logprobs=logprobs,

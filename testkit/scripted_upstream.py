@@ -42,6 +42,7 @@ class UpstreamState:
     scripts: dict[str, Script] = field(default_factory=dict)
     status_for: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
+    max_tokens: int | None = None  # the server's own limit: longer requests end at it
 
 
 STATE = web.AppKey("state", UpstreamState)
@@ -180,6 +181,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         status, payload = state.status_for[model]
         return web.json_response(payload, status=status)
     tokens = int(body.get("max_tokens") or 16)
+    if state.max_tokens is not None:
+        tokens = min(tokens, state.max_tokens)
     delay_ms = float((body.get("metadata") or {}).get("delay_ms", state.delay_ms))
     cid = "chatcmpl-upstream"
     top = body.get("top_logprobs") if body.get("logprobs") else None
@@ -244,9 +247,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, help="end every completion at this many tokens")
     args = parser.parse_args()
     web.run_app(
-        make_app(UpstreamState(delay_ms=args.delay_ms)),
+        make_app(UpstreamState(delay_ms=args.delay_ms, max_tokens=args.max_tokens)),
         host=args.host,
         port=args.port,
         print=None,

@@ -193,3 +193,12 @@ def test_text_parts_are_joined_and_roles_accepted():
     assert chat.messages[1].content == "ab"
     assert chat.messages[2].tool_calls[0]["id"] == "c1"
     assert chat.messages[3].tool_call_id == "c1"
+
+
+def test_an_integer_written_as_a_json_number_is_an_integer_within_int64():
+    assert parse_chat_request(body(max_tokens=8.0, n=2.0, seed=1e3)).max_tokens == 8
+    assert parse_chat_request(body(seed=1e3)).seed == 1000
+    for value, param in ((1e30, "max_tokens"), (2.5, "max_tokens"), (-1e19, "seed")):
+        with pytest.raises(APIError) as refused:
+            parse_chat_request(body(**{param: value}))
+        assert (refused.value.status, refused.value.param) == (400, param)

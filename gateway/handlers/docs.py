@@ -1,0 +1,24 @@
+"""`GET /openapi.json`: the public API's OpenAPI document, built once per process."""
+
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+
+import orjson
+from aiohttp import web
+
+from gateway.openapi import openapi_document
+
+
+@functools.cache
+def _document() -> bytes:
+    try:
+        version = metadata.version("sluicegate")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "0+unknown"
+    return orjson.dumps(openapi_document(version))
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(body=_document(), content_type="application/json")

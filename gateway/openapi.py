@@ -1,0 +1,208 @@
+"""The OpenAPI 3.1 document of the public HTTP API, served at `GET /openapi.json` (design §4).
+
+Built from the same limits the request parser enforces (workers/limits.py, gateway/protocol.py),
+so the document and the server cannot disagree on a range or a list. It describes what the
+server really does, errors included: a client generator or a contract tester (schemathesis runs
+against it in the tests) reads the statuses, headers and shapes each route can answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.openapi_schemas import components, ref
+
+JSON = "application/json"
+SSE = "text/event-stream"
+
+_ERROR_TEXT = {
+    400: "A malformed body or a bad value; `param` names the field.",
+    401: "No valid API key or JWT.",
+    403: "The credential's tenant may not use this model.",
+    404: "No such model, or no such run for this tenant (another tenant's run id included).",
+    408: "The request body did not arrive within the body timeout.",
+    410: "The events after `starting_after` are no longer kept.",
+    413: "The request body is larger than the gateway accepts.",
+    415: "The body is not `application/json`.",
+    422: "The `Idempotency-Key` was used before with another body.",
+    429: "A rate limit, the concurrency limit or the token budget of the tenant was reached.",
+    499: "The run was cancelled before it completed (a non-streaming call waits for its run).",
+    502: "The model backend failed.",
+    503: "No worker can take the request now, the state store is unreachable, or draining.",
+    504: "A deadline of the run passed.",
+}
+_RETRY = {429, 503}
+
+
+def _error(status: int) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": _ERROR_TEXT[status],
+        "content": {JSON: {"schema": ref("ErrorResponse")}},
+    }
+    if status in _RETRY:
+        answer["headers"] = {"retry-after": {"$ref": "#/components/headers/RetryAfter"}}
+    return answer
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {str(status): _error(status) for status in statuses}
+
+
+_RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _chat_paths() -> dict[str, Any]:
+    completion = {"schema": ref("ChatCompletion")}
+    stream = {"schema": ref("StreamEvent")}
+    idempotency = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~ ]+$"},
+    }
+    resume = [
+        _RUN_ID,
+        {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        {
+            "name": "starting_after",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0},
+            "description": "Resume: replay the events after this sequence number, then follow.",
+        },
+    ]
+    return {
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "Start a run; answer it whole, or stream it (`stream: true`).",
+                "parameters": [idempotency],
+                "requestBody": {
+                    "required": True,
+                    "content": {JSON: {"schema": ref("ChatCompletionRequest")}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "The completion.",
+                        "content": {JSON: completion, SSE: stream},
+                    },
+                    **_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 502, 503, 504),
+                },
+            }
+        },
+        "/v1/chat/completions/{id}": {
+            "get": {
+                "operationId": "retrieveChatCompletion",
+                "summary": "The run's object with its status, or (`stream=true`) its events.",
+                "parameters": resume,
+                "responses": {
+                    "200": {"description": "The run.", "content": {JSON: completion, SSE: stream}},
+                    **_errors(400, 401, 404, 410, 503),
+                },
+            }
+        },
+        "/v1/chat/completions/{id}/cancel": {
+            "post": {
+                "operationId": "cancelChatCompletion",
+                "summary": "Cancel the run (idempotent); answers its terminal status.",
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": {"description": "The run as it ended.", "content": {JSON: completion}},
+                    **_errors(401, 404, 503),
+                },
+            }
+        },
+    }
+
+
+def _other_paths() -> dict[str, Any]:
+    public: list[dict[str, list[str]]] = []  # no credential needed
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    status = {JSON: {"schema": {"type": "object", "required": ["status"]}}}
+    return {
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "responses": {
+                    "200": {
+                        "description": "The models served.",
+                        "content": {JSON: {"schema": ref("ModelList")}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "operationId": "retrieveModel",
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The model.",
+                        "content": {JSON: {"schema": ref("Model")}},
+                    },
+                    **_errors(401, 404),
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "security": public,
+                "responses": {"200": {"description": "The process is up.", "content": status}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "security": public,
+                "responses": {
+                    "200": {
+                        "description": "Every model (or some: `degraded`) can be served.",
+                        "content": status,
+                    },
+                    "503": {
+                        "description": "Nothing can be served, the store is away, or draining.",
+                        "content": status,
+                    },
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "security": public,
+                "responses": {"200": {"description": "Prometheus text format.", "content": text}},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "security": public,
+                "responses": {
+                    "200": {
+                        "description": "This document.",
+                        "content": {JSON: {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The whole document; `version` is the package's."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "sluicegate",
+            "version": version,
+            "description": "An OpenAI-compatible streaming gateway. Runs outlive connections: "
+            "resume a stream by event id, cancel a run, retrieve its object.",
+        },
+        "security": [{"bearer": []}],
+        "paths": {**_chat_paths(), **_other_paths()},
+        "components": components(),
+    }
