@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workers.api import TextLine
 from workers.detokenizer import IncrementalDetokenizer
@@ -49,6 +53,31 @@ def run(stops: list[str], chunks: list[str]) -> tuple[list[str], bool, str]:
 )
 def test_holdback(stops, chunks, released, hit, held) -> None:
     assert run(stops, chunks) == (released, hit, held)
+
+
+ALPHABET = "ab \u597d\u7684E"  # few letters, so stop strings and their prefixes recur
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(ALPHABET, max_size=40),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=4),
+    cuts=st.lists(st.integers(0, 40), max_size=12),
+)
+def test_any_chunking_releases_exactly_the_text_before_the_first_stop(text, stops, cuts) -> None:
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    holdback, released, hit = StopStringHoldback(stops), "", False
+    for chunk in chunks:
+        out, hit = holdback.push(chunk)
+        released += out
+        if hit:
+            break
+    first = min((i for s in stops if (i := text.find(s)) >= 0), default=None)
+    if first is None:
+        assert not hit and released + holdback.flush() == text
+    else:
+        assert hit and released == text[:first]
 
 
 def test_flush_releases_what_was_held() -> None:
