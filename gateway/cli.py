@@ -13,9 +13,9 @@ from aiohttp import web
 
 from adapters.pool_routing import ROUTINGS
 from gateway.http_server import GatewayRunner
-from gateway.logging import configure_logging
 from gateway.settings import Settings, load_settings
 from policies.auth import generate_key
+from workers.logs import configure_logging
 
 
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from workers.app_keys import SERVICE
 from workers.config import DEVICES, DTYPES, WorkerConfig
+from workers.logs import configure_logging as configure_logs
 from workers.server import create_worker_app
 
 log = structlog.get_logger("sluice.worker")
@@ -104,17 +105,10 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging() -> None:
-    """JSON lines on stderr, unless the embedding program configured structlog already."""
+    """The format every sluicegate process logs in (workers/logs.py), at SLUICE_LOG_LEVEL,
+    unless the embedding program configured structlog already."""
     if not structlog.is_configured():
-        structlog.configure(
-            processors=[
-                structlog.contextvars.merge_contextvars,
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso"),
-                structlog.processors.JSONRenderer(),
-            ],
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        )
+        configure_logs(os.environ.get("SLUICE_LOG_LEVEL", "info"))
     # transformers' progress bars and advice are noise in a server's log
     from transformers.utils import logging as hf_logging
 

@@ -1,4 +1,9 @@
-"""structlog set-up: one JSON object per line, secrets redacted before anything is written."""
+"""One log format for every sluicegate process, the gateway's and the workers': structlog JSON
+lines on stderr (timestamp in UTC, level, event, fields), library lines (aiohttp, redis,
+transformers) in the same shape, and secrets redacted before anything is written.
+
+It lives beside the workers' other torch-free shared parts (limits.py) so the gateway and the
+worker both import it, and neither imports the other's process code."""
 
 from __future__ import annotations
 
@@ -63,6 +68,7 @@ def _stdlib_handler(renderer: structlog.typing.Processor) -> logging.Handler:
 
 
 def configure_logging(level: str = "info", json: bool = True) -> None:
+    """Configure structlog and the stdlib root logger for this process."""
     if json:
         renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
         factory = structlog.BytesLoggerFactory(file=sys.stderr.buffer)
