@@ -8,8 +8,19 @@ from collections.abc import Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# NOTE: LLM latencies span five orders of magnitude: a cached short answer's first token in a
+# millisecond or two, a long generation (or a queue under load) in minutes, up to the default
+# --total-timeout. The buckets cover 1 ms to 10 min, so a p99 is never clamped to the last bound.
+LATENCY_BUCKETS = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+# Gaps between tokens (and a cancel's confirmation): milliseconds when healthy, up to the
+# default --inter-token-timeout (60 s) when a worker stalls.
+TOKEN_GAP_BUCKETS = (
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+    *(1, 2.5, 5, 10, 30, 60),
+)
 TAIL_TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SAFETY_ACTIONS = ("redact", "block", "checker_error")
@@ -204,6 +215,12 @@ class GatewayMetrics:
             "sluice_local_worker_crash_looping",
             "1 while a local worker keeps exiting soon after each restart.",
             ["member"],
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "sluice_store_up",
+            "1 while the shared state store (Redis) answers, as this replica's client last saw "
+            "it (its lease renewal asks every few seconds); always 1 with the in-process store.",
             registry=r,
         )
         self.retained_bytes = Gauge(

@@ -70,6 +70,7 @@ async def shared_state(app: web.Application) -> AsyncIterator[None]:
         )
         app[METRICS].retained_bytes.labels("idempotency").set_function(lambda: keys.answer_bytes)
         app[LEDGER] = usage_file
+    app[METRICS].store_up.set_function(lambda: float(health.available))
     deferred = app[DEFERRED] = DeferredWrites(health)
     runs = RunManager(
         store,

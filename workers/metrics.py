@@ -62,7 +62,8 @@ class WorkerMetrics:
         self.step_seconds = Histogram(
             "sluice_worker_step_seconds",
             "Wall time of one engine step.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            # a decode step takes milliseconds; a step with a long prefill chunk on a CPU, seconds
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
         self.batch_tokens = Histogram(

@@ -23,3 +23,31 @@ MEMBER_METRICS = frozenset(
         "sluice_member_ejections",
     }
 )
+
+# The gateway's families (as the text format names them: a counter without `_total`), with their
+# type and label names. Design §7 fixes the names and these labels; `sluice_run_migrations`
+# also says which pool, and `sluice_store_up` (Redis answers) is the gateway's own addition.
+GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
+    "sluice_requests": ("counter", frozenset({"model", "tenant", "code"})),
+    "sluice_runs_finished": ("counter", frozenset({"model", "reason"})),
+    "sluice_ttft_seconds": ("histogram", frozenset()),
+    "sluice_inter_token_seconds": ("histogram", frozenset()),
+    "sluice_e2e_seconds": ("histogram", frozenset()),
+    "sluice_tail_latency_seconds": ("histogram", frozenset()),
+    "sluice_tokens": ("counter", frozenset({"kind"})),
+    "sluice_cancellations": ("counter", frozenset({"source", "outcome"})),
+    "sluice_cancel_tail_tokens": ("histogram", frozenset()),
+    "sluice_cancel_latency_seconds": ("histogram", frozenset()),
+    "sluice_disconnects": ("counter", frozenset()),
+    "sluice_resumes": ("counter", frozenset({"outcome"})),
+    "sluice_quota_rejections": ("counter", frozenset({"limit"})),
+    "sluice_idempotent_replays": ("counter", frozenset()),
+    "sluice_safety_actions": ("counter", frozenset({"action"})),
+    "sluice_safety_hold_seconds": ("histogram", frozenset()),
+    "sluice_active_streams": ("gauge", frozenset()),
+    "sluice_run_migrations": ("counter", frozenset({"pool", "outcome"})),
+    "sluice_member_requests": ("counter", frozenset({"member"})),
+    "sluice_member_failures": ("counter", frozenset({"member"})),
+    "sluice_member_ejections": ("counter", frozenset({"member", "reason"})),
+    "sluice_store_up": ("gauge", frozenset()),
+}
