@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test gateway-only lint format bench clean
+.PHONY: install serve test gateway-only lint format bench load clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ format: install
 
 bench: install
 	$(BIN)/python bench/gateway_overhead.py
+
+# locust against a local `sluice serve` (default model, three tenants), 60 s headless
+load: install
+	$(BIN)/python deploy/locust/run_local.py $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
