@@ -38,6 +38,9 @@ from gateway.errors import invalid_request
 INVALID_TOOL_CALL = "invalid_tool_call"
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what a tool's name may be: safe to repeat
 _REF_KEYS = ("$ref", "$dynamicRef")
+# NOTE: jsonschema checks and applies a schema recursively, several frames per level; past this
+# many levels of JSON nesting a schema would exhaust Python's stack instead of being judged.
+MAX_SCHEMA_DEPTH = 64
 # NOTE: an empty registry, so a `$ref` never makes the gateway fetch a URL (jsonschema's default
 # registry would retrieve remote references).
 _NO_RETRIEVAL: Registry = Registry()
@@ -61,13 +64,32 @@ def _refs(schema: Any) -> Iterator[str]:
             stack.extend(node)
 
 
+def _depth(schema: Any) -> int:
+    """How deeply a schema's objects and arrays nest (a scalar is 0)."""
+    deepest = 0
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def compile_schema(schema: dict[str, Any]) -> Validator:
     """A validator for one tool's parameters, in the draft its `$schema` names (2020-12 when it
     names none); raises SchemaError when the schema is not a valid JSON Schema."""
+    dialect = schema.get("$schema")
+    # NOTE: checked before jsonschema looks the dialect up, which hashes and parses it as a URI
+    # (a TypeError or AttributeError for anything but a string)
+    if "$schema" in schema and not isinstance(dialect, str):
+        raise SchemaError("'$schema' must be a string", validator="type", path=["$schema"])
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
     cls = validator_for(schema, default=Draft202012Validator)
     cls.check_schema(schema)
-    dialect = schema.get("$schema")
-    spec = specification_with(dialect if isinstance(dialect, str) else "", default=DRAFT202012)
+    spec = specification_with(dialect or "", default=DRAFT202012)
     resolver = _NO_RETRIEVAL.resolver_with_root(spec.create_resource(schema))
     for ref in _refs(schema):
         if not ref.startswith("#"):
@@ -140,6 +162,11 @@ def _check_arguments(name: str, text: str, validator: Validator | None) -> None:
         error = best_match(validator.iter_errors(value))
     except Unresolvable:  # guarded at parse time; a nested `$id` can still defeat that check
         raise BadToolCall(f"Tool '{name}' has a parameters schema that cannot be used.") from None
+    except RecursionError:  # a `$ref` cycle, or a recursive schema meeting deep arguments
+        raise BadToolCall(
+            f"The model called tool '{name}' with arguments its parameters schema cannot judge "
+            "(a '$ref' cycle, or arguments nested too deeply)."
+        ) from None
     if error is not None:
         # NOTE: the schema path comes from the request's own schema; the instance path and
         # jsonschema's message would repeat the model's keys and values.

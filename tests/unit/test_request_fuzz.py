@@ -2,13 +2,15 @@
 
 Hypothesis starts from a valid body and replaces one or more fields of the request schema, top
 level or nested, with arbitrary JSON values. Whatever it builds, the gateway answers a 2xx, or a
-4xx in OpenAI's error shape naming a field; never a server error.
+4xx in OpenAI's error shape naming a field; never a server error. A second property aims at the
+JSON Schemas a request carries (a tool's parameters, a response format's schema), with values
+built from JSON Schema's own keywords.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import orjson
@@ -17,8 +19,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.events import Event
 from adapters.requests import ChatRequest
-from adapters.worker_client import WorkerAdapter
+from adapters.worker_client import WorkerAdapter, generate_request
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, gateway_app
 
@@ -35,6 +38,12 @@ FIELDS = [
     ("messages", "*", "name"),
     ("messages", "*", "tool_call_id"),
     ("messages", "*", "tool_calls"),
+    ("messages", "*", "tool_calls", "*"),
+    ("messages", "*", "tool_calls", "*", "id"),
+    ("messages", "*", "tool_calls", "*", "type"),
+    ("messages", "*", "tool_calls", "*", "function"),
+    ("messages", "*", "tool_calls", "*", "function", "name"),
+    ("messages", "*", "tool_calls", "*", "function", "arguments"),
     ("stream",),
     ("stream_options",),
     ("stream_options", "include_usage"),
@@ -54,12 +63,25 @@ FIELDS = [
     ("tools", "*", "type"),
     ("tools", "*", "function"),
     ("tools", "*", "function", "name"),
+    ("tools", "*", "function", "description"),
+    ("tools", "*", "function", "parameters"),
+    ("tools", "*", "function", "parameters", "$schema"),
+    ("tools", "*", "function", "parameters", "type"),
+    ("tools", "*", "function", "parameters", "properties"),
+    ("tools", "*", "function", "parameters", "properties", "city"),
     ("tool_choice",),
     ("tool_choice", "type"),
     ("tool_choice", "function"),
     ("tool_choice", "function", "name"),
     ("response_format",),
     ("response_format", "type"),
+    ("response_format", "json_schema"),
+    ("response_format", "json_schema", "name"),
+    ("response_format", "json_schema", "strict"),
+    ("response_format", "json_schema", "schema"),
+    ("response_format", "json_schema", "schema", "$schema"),
+    ("response_format", "json_schema", "schema", "type"),
+    ("response_format", "json_schema", "schema", "properties"),
     ("user",),
     ("metadata",),
 ]
@@ -70,33 +92,105 @@ json_values = st.recursive(
     | st.integers(min_value=-(2**63), max_value=2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20)
-    | st.sampled_from(["user", "assistant", "function", "text", "none", "auto", "json_object"]),
+    | st.sampled_from(
+        [
+            "user",
+            "assistant",
+            "function",
+            "text",
+            "none",
+            "auto",
+            "json_object",
+            "json_schema",
+            "object",
+            "string",
+            "f",
+        ]
+    ),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
     ),
     max_leaves=12,
 )
 
+# Where a request carries a JSON Schema (or a keyword of one).
+SCHEMA_FIELDS = [
+    ("tools", "*", "function", "parameters"),
+    ("tools", "*", "function", "parameters", "$schema"),
+    ("tools", "*", "function", "parameters", "properties", "city"),
+    ("response_format", "json_schema", "schema"),
+    ("response_format", "json_schema", "schema", "$schema"),
+    ("response_format", "json_schema", "schema", "properties", "city"),
+]
+SCHEMA_KEYWORDS = ["$schema", "$id", "$ref", "$defs", "type", "properties", "items", "not", "enum"]
+DIALECTS = [
+    "https://json-schema.org/draft/2020-12/schema",
+    "http://json-schema.org/draft-07/schema#",
+    "http://json-schema.org/draft-04/schema#",
+    "#",
+    "#/$defs/a",
+]
+schema_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+    | st.sampled_from(["object", "string", "array", *DIALECTS]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(SCHEMA_KEYWORDS) | st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
 
 def valid_body(model: str) -> dict[str, Any]:
+    """A request every model accepts, using every field FIELDS names (see the test below)."""
     return {
         "model": model,
         "messages": [
             {
-                "role": "user",
+                "role": "assistant",
                 "content": [{"type": "text", "text": "Hi"}],
                 "name": "u",
                 "tool_call_id": "c",
-                "tool_calls": [],
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
             }
         ],
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": 4,
         "temperature": 0.5,
-        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "description": "d",
+                    "parameters": {
+                        "$schema": "https://json-schema.org/draft/2020-12/schema",
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                    },
+                },
+            }
+        ],
         "tool_choice": {"type": "function", "function": {"name": "f"}},
-        "response_format": {"type": "text"},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "s",
+                "strict": True,
+                "schema": {
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                },
+            },
+        },
     }
 
 
@@ -126,10 +220,16 @@ def put(body: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 class WorkerRules(ScriptedAdapter):
-    """A scripted upstream that refuses what our own workers refuse."""
+    """A scripted upstream that refuses what our own workers refuse, and builds the body our
+    worker adapter would send (so a shape that adapter cannot take is its 400, not a crash)."""
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
         return WorkerAdapter.unsupported_param(self, request)  # type: ignore[arg-type]
+
+    async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        generate_request(request, request_id).to_json()
+        async for batch in super().stream(request, request_id):
+            yield batch
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +246,42 @@ def gateway() -> Iterator[tuple[asyncio.AbstractEventLoop, TestClient]]:
     loop.close()
 
 
+def post(gateway: tuple[asyncio.AbstractEventLoop, TestClient], body: Any) -> tuple[int, bytes]:
+    """The status and whole body of the gateway's answer to `body`."""
+    loop, client = gateway
+
+    async def send() -> tuple[int, bytes]:
+        response = await client.post(
+            "/v1/chat/completions",
+            data=orjson.dumps(body),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        return response.status, await response.read()
+
+    return loop.run_until_complete(send())
+
+
+@pytest.mark.parametrize("model", ["scripted", "worker"])
+def test_the_starting_body_is_accepted(gateway, model):
+    """Every replacement starts from a request that reaches the model, so each field's check
+    (not an earlier refusal) is what meets the arbitrary value."""
+    status, raw = post(gateway, valid_body(model))
+    assert status == 200, raw
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+def assert_never_a_server_error(gateway, body: dict[str, Any]) -> None:
+    """A 2xx, or a 4xx in OpenAI's error shape (a 400 naming a field or none)."""
+    status, raw = post(gateway, body)
+    assert status < 500, (status, raw, body)
+    if status >= 400:
+        error = orjson.loads(raw)["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert isinstance(error["code"], str)
+        if status == 400:
+            assert error["param"] is None or isinstance(error["param"], str)
+
+
 @settings(
     max_examples=400,
     deadline=None,
@@ -156,33 +292,32 @@ def gateway() -> Iterator[tuple[asyncio.AbstractEventLoop, TestClient]]:
     changes=st.lists(st.tuples(st.sampled_from(FIELDS), json_values), min_size=1, max_size=3),
 )
 def test_arbitrary_json_in_any_field_is_never_a_server_error(gateway, model, changes):
-    loop, client = gateway
     body = valid_body(model)
     for path, value in changes:
         put(body, path, value)
+    assert_never_a_server_error(gateway, body)
 
-    async def send() -> tuple[int, bytes]:
-        response = await client.post(
-            "/v1/chat/completions",
-            data=orjson.dumps(body),
-            headers={**AUTH, "Content-Type": "application/json"},
-        )
-        return response.status, await response.read()
 
-    status, raw = loop.run_until_complete(send())
-    assert status < 500, (status, raw, body)
-    if status >= 400:
-        error = orjson.loads(raw)["error"]
-        assert set(error) == {"message", "type", "param", "code"}
-        assert isinstance(error["code"], str)
-        if status == 400:
-            assert error["param"] is None or isinstance(error["param"], str)
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    model=st.sampled_from(["scripted", "worker"]),
+    path=st.sampled_from(SCHEMA_FIELDS),
+    value=schema_values,
+)
+def test_arbitrary_json_in_a_schema_is_never_a_server_error(gateway, model, path, value):
+    """The schemas are compiled by a JSON Schema library, whose own failures must be refusals."""
+    body = valid_body(model)
+    put(body, path, value)
+    assert_never_a_server_error(gateway, body)
 
 
 def test_tools_and_response_formats_pass_our_workers_rules(gateway):
     """Our workers enforce them (constrained decoding, tool-call parsing): nothing is refused
     as unsupported before the worker sees it."""
-    loop, client = gateway
     body = {
         "model": "worker",
         "messages": [{"role": "user", "content": "Hi"}],
@@ -190,10 +325,4 @@ def test_tools_and_response_formats_pass_our_workers_rules(gateway):
         "tool_choice": {"type": "function", "function": {"name": "f"}},
         "response_format": {"type": "json_object"},
     }
-
-    async def send() -> int:
-        response = await client.post("/v1/chat/completions", json=body, headers=AUTH)
-        await response.read()
-        return response.status
-
-    assert loop.run_until_complete(send()) == 200
+    assert post(gateway, body)[0] == 200

@@ -25,6 +25,13 @@ def tool(name: str, parameters: dict | None = None) -> dict:
     return {"type": "function", "function": function}
 
 
+def nested(schema: dict, levels: int) -> dict:
+    """`schema` under `{"not": …}` until its JSON nests `levels` deep."""
+    for _ in range(levels - 1):
+        schema = {"not": schema}
+    return schema
+
+
 def make_chat(tools=None, n: int = 1, tool_choice=None) -> ChatRequest:
     tools = [tool("get_weather", WEATHER), tool("get_time")] if tools is None else tools
     return ChatRequest("m", [Message("user", "hi")], n=n, tools=tools, tool_choice=tool_choice)
@@ -264,6 +271,11 @@ def test_a_draft_7_schema_is_judged_as_draft_7():
             "does not resolve",
         ),
         ("object", "invalid_type", "expected a JSON Schema object"),
+        ({"$schema": []}, "invalid_tool_schema", "at $schema: '$schema' must be a string"),
+        ({"$schema": {}}, "invalid_tool_schema", "at $schema: '$schema' must be a string"),
+        ({"$schema": 5}, "invalid_tool_schema", "at $schema: '$schema' must be a string"),
+        ({"$schema": None}, "invalid_tool_schema", "at $schema: '$schema' must be a string"),
+        (nested({"type": "object"}, 65), "invalid_tool_schema", "nests deeper than 64 levels"),
     ],
 )
 def test_an_invalid_schema_is_refused_naming_its_field(parameters, code, detail):
@@ -273,6 +285,10 @@ def test_an_invalid_schema_is_refused_naming_its_field(parameters, code, detail)
     error = caught.value
     assert (error.status, error.param, error.code) == (400, "tools[1].function.parameters", code)
     assert detail in error.message
+
+
+def test_a_schema_64_levels_deep_is_accepted():
+    check_tool_parameters([tool("f", nested({"type": "object"}, 64))])
 
 
 def test_valid_schemas_and_local_refs_are_accepted():
@@ -290,3 +306,21 @@ async def test_a_local_ref_is_followed_when_judging_a_call():
     only_error(await run_stage(chat, [opening("x", "f"), ToolCallDelta(0, '{"c": 1}')]))
     out = await run_stage(chat, [opening("x", "f"), ToolCallDelta(0, '{"c": "Nice"}')])
     assert out[0].arguments == '{"c": "Nice"}'
+
+
+async def test_a_ref_cycle_fails_the_call_it_judges():
+    schema = {"$defs": {"loop": {"$ref": "#/$defs/loop"}}, "$ref": "#/$defs/loop"}
+    chat = make_chat(tools=[tool("f", schema)])
+    error = only_error(await run_stage(chat, [opening("x", "f"), ToolCallDelta(0, "{}")]))
+    assert error.message == (
+        "The model called tool 'f' with arguments its parameters schema cannot judge "
+        "(a '$ref' cycle, or arguments nested too deeply)."
+    )
+
+
+async def test_arguments_nested_past_the_stack_fail_a_recursive_schema():
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}}}
+    arguments = '{"a": ' * 1000 + "{}" + "}" * 1000
+    chat = make_chat(tools=[tool("f", schema)])
+    error = only_error(await run_stage(chat, [opening("x", "f"), ToolCallDelta(0, arguments)]))
+    assert "cannot judge" in error.message
