@@ -6,6 +6,7 @@ import asyncio
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from gateway.answers import answer
 from gateway.app_keys import DRAIN, SETTINGS
@@ -23,7 +24,14 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     return await answer(request, opened, chat)
 
 
+def _unreadable_body(cause: BaseException | None) -> str:
+    if isinstance(cause, ContentEncodingError):
+        return "The request body could not be decoded: it is not valid for its Content-Encoding."
+    return "The request body could not be read: its framing is not valid HTTP/1.1."
+
+
 async def read_json(request: web.Request) -> object:
+    """The request's body as JSON; refusals in OpenAI's shape, none of them quoting the body."""
     if request.content_type != "application/json":
         raise APIError(
             415,
@@ -40,6 +48,16 @@ async def read_json(request: web.Request) -> object:
             408,
             "The request body did not arrive in time.",
             code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    except web.RequestPayloadError as exc:
+        # NOTE: the parser stops at a body it cannot decode, so the connection cannot carry
+        # another request; aiohttp's text would name what it read
+        abandon_body(request)
+        raise APIError(
+            400,
+            _unreadable_body(exc.__cause__),
+            code="invalid_body",
             headers={"Connection": "close"},
         ) from None
     try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from adapters.base import BackendFailed, BackendUnavailable
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
@@ -198,3 +200,27 @@ async def test_client_gone_before_the_first_token_is_counted_and_aborts(aiohttp_
     assert "sluice_disconnects_total 1.0" in metrics
     assert 'sluice_runs_finished_total{model="scripted",reason="cancelled"} 1.0' in metrics
     assert 'sluice_cancellations_total{outcome="clean",source="disconnect"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_not_in_its_content_encoding_is_a_400_that_closes(aiohttp_client, encoding):
+    _, client = await make_client(aiohttp_client, text_script(["x"]))
+    with capture_logs() as logs:
+        resp = await client.post(
+            "/v1/chat/completions",
+            data=b'{"model": "scripted", "secret-4b1d": 1}',
+            headers={**AUTH, "Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        raw = await resp.read()
+    assert resp.status == 400
+    assert resp.headers["Connection"] == "close"
+    assert orjson.loads(raw) == {
+        "error": {
+            "message": "The request body could not be decoded: it is not valid for its "
+            "Content-Encoding.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_body",
+        }
+    }
+    assert not [e for e in logs if e["log_level"] == "error"]
