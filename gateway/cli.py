@@ -66,7 +66,7 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-pending-connections",
         type=int,
-        help="connections still sending their request head (default 1024; past it the oldest go)",
+        help="connections still sending a request, head or body (default 1024; oldest go first)",
     )
     p.add_argument("--ping-interval", type=float, help="seconds of idle stream before a ': ping'")
     p.add_argument(

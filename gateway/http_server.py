@@ -8,10 +8,11 @@ request id, naming what was wrong without echoing any of it, and the log line na
 error's class.
 
 A connection counts as pending from the moment it opens, or from its next byte after an answer,
-until a whole request head has arrived. A pending connection is answered 408 and closed after
-`header_timeout`, and at most `max_pending` of them are kept: past that the oldest is closed.
-So a client that opens connections and sends nothing, or a header a byte at a time, holds
-nothing for long. The body has its own timeout, in the handler that reads it (a 408 as well).
+until a whole request, head and body, has arrived. A connection still sending its head is
+answered 408 and closed after `header_timeout`; the body has its own timeout, in the handler that
+reads it (a 408 as well). At most `max_pending` connections are pending, whichever part they are
+sending: past that the oldest is refused, with the same 408. So a client that opens connections
+and sends nothing, or a header or a body a byte at a time, holds nothing for long.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, InvalidHeader, LineTooLong
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 log = structlog.get_logger("sluice.http")
@@ -63,31 +65,53 @@ def abandon_body(request: web.BaseRequest) -> None:
         protocol.abandon_body()
 
 
+class BodyOverdue(TimeoutError):
+    """A request body still arriving when its connection was refused as the oldest of too many
+    pending. A TimeoutError, so the handler reading the body answers it as the body's own
+    timeout (408, `read_json`), and aiohttp's lingering read after an answer stops quietly."""
+
+
 class PendingConnections:
-    """Connections that have not yet sent a whole request head, oldest first."""
+    """Connections that have not yet sent a whole request, oldest first."""
 
     def __init__(self, header_timeout: float, max_pending: int) -> None:
         self.header_timeout = header_timeout
         self.max_pending = max_pending
-        self._since: OrderedDict[GatewayRequestHandler, asyncio.TimerHandle] = OrderedDict()
+        # a connection still sending its head has its timer; one sending its body has None
+        self._since: OrderedDict[GatewayRequestHandler, asyncio.TimerHandle | None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._since)
 
     def add(self, conn: GatewayRequestHandler) -> None:
+        """`conn` starts a request: it has `header_timeout` to send the head."""
         if conn in self._since:
             return
         loop = asyncio.get_running_loop()
-        self._since[conn] = loop.call_later(self.header_timeout, self._expire, conn)
-        while len(self._since) > self.max_pending:
-            oldest = next(iter(self._since))
-            log.warning("pending connection dropped", reason="too_many_pending")
-            self._expire(oldest)
+        self._keep(conn, loop.call_later(self.header_timeout, self._expire, conn))
+
+    def head_arrived(self, conn: GatewayRequestHandler) -> None:
+        """`conn` sent its head but not yet its body: it keeps its place in line, without a
+        timer (the handler reading the body times it)."""
+        timer = self._since.get(conn)
+        if timer is not None:
+            timer.cancel()
+        if conn in self._since:
+            self._since[conn] = None  # NOTE: assigning to a key keeps its place in the order
+        else:  # a pipelined request, whose first bytes came while another was being handled
+            self._keep(conn, None)
 
     def discard(self, conn: GatewayRequestHandler) -> None:
         timer = self._since.pop(conn, None)
         if timer is not None:
             timer.cancel()
+
+    def _keep(self, conn: GatewayRequestHandler, timer: asyncio.TimerHandle | None) -> None:
+        self._since[conn] = timer
+        while len(self._since) > self.max_pending:
+            oldest = next(iter(self._since))
+            log.warning("pending connection dropped", reason="too_many_pending")
+            self._expire(oldest)
 
     def _expire(self, conn: GatewayRequestHandler) -> None:
         self.discard(conn)
@@ -100,12 +124,14 @@ class GatewayRequestHandler(RequestHandler):
     def __init__(self, manager: GatewayServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._pending = manager.pending
+        self._body: StreamReader | None = None  # the request body still arriving, if any
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._pending.add(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._body = None
         self._pending.discard(self)
         super().connection_lost(exc)
 
@@ -114,14 +140,34 @@ class GatewayRequestHandler(RequestHandler):
             self._pending.add(self)  # the first bytes of a request (a no-op while pending)
         super().data_received(data)
 
-    def request_arrived(self) -> None:
+    def request_arrived(self, body: StreamReader) -> None:
+        """A request's head is whole; the connection stays pending until its body is too."""
+        if body.is_eof():  # no body, or all of it came with the head
+            self._pending.discard(self)
+            return
+        self._body = body
+        self._pending.head_arrived(self)
+        body.on_eof(self._body_arrived)  # NOTE: not called if the body fails (then it closes)
+
+    def _body_arrived(self) -> None:
+        self._body = None
         self._pending.discard(self)
 
     def abandon_body(self) -> None:
         self._lingering_time = 0.0
 
     def refuse_slow_client(self) -> None:
-        """The request head did not arrive in time: answer 408 (if nothing was sent) and close."""
+        """The request did not arrive in time, or is the oldest of too many pending. Its body
+        (when the head is whole) fails, and the handler reading it answers 408 and closes;
+        otherwise the 408 is written here (if nothing was sent) and the connection closed.
+
+        NOTE: a handler that never reads the body keeps the connection until it answers; it
+        no longer counts as pending meanwhile."""
+        body, self._body = self._body, None
+        if body is not None:
+            self.abandon_body()
+            body.set_exception(BodyOverdue())
+            return
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -170,7 +216,7 @@ class GatewayServer(web.Server):
         factory = self.request_factory
 
         def arrived(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:
-            protocol.request_arrived()
+            protocol.request_arrived(payload)
             return factory(message, payload, protocol, writer, task)
 
         self.request_factory = arrived

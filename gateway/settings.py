@@ -51,7 +51,7 @@ class Settings:
     default_max_tokens: int = 1024  # tokens reserved against tpm when a request names no max
     max_body_bytes: int = MAX_BODY_BYTES
     body_timeout: float = 30.0  # a request head or body slower than this is answered 408
-    max_pending_connections: int = 1024  # connections without a whole request head yet
+    max_pending_connections: int = 1024  # connections without a whole request (head and body)
     keepalive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
     ping_interval: float = 15.0
     stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung

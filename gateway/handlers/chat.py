@@ -42,7 +42,7 @@ async def read_json(request: web.Request) -> object:
     try:
         async with asyncio.timeout(request.app[SETTINGS].body_timeout or None):
             raw = await request.read()  # enforces the app's client_max_size (413)
-    except TimeoutError:
+    except TimeoutError:  # its own timeout, or `BodyOverdue`: refused as the oldest pending
         abandon_body(request)
         raise APIError(
             408,

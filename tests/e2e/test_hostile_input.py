@@ -199,3 +199,51 @@ def test_pending_connections_are_bounded_oldest_first(gateway, model):
     finally:
         for sock in idle:
             sock.close()
+
+
+def stalled_mid_body(gateway: Served, body: bytes) -> socket.socket:
+    """A connection whose request head the gateway has taken (it answered `100 Continue`) and
+    whose body is all there but its last byte."""
+    sock = connect(gateway)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {gateway.key}\r\nContent-Length: {len(body)}\r\n"
+        "Expect: 100-continue\r\nConnection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    answer = b""
+    while not answer.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(1)
+        assert chunk, f"closed before 100 Continue: {answer!r}"
+        answer += chunk
+    assert answer == b"HTTP/1.1 100 Continue\r\n\r\n"
+    sock.sendall(body[:-1])
+    return sock
+
+
+def test_connections_stalled_mid_body_are_bounded_oldest_first(gateway, model):
+    body = orjson.dumps({"model": model, "messages": [USER], "max_tokens": 1})
+    began = time.monotonic()
+    stalled = [stalled_mid_body(gateway, body) for _ in range(MAX_PENDING * 2)]
+    try:
+        # the oldest MAX_PENDING were refused to make room for the newest, sooner than their
+        # body timeout could have
+        for sock in stalled[:MAX_PENDING]:
+            status, _, answer = read_answer(sock)
+            assert status == 408
+            assert orjson.loads(answer)["error"] == {
+                "message": "The request body did not arrive in time.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_timeout",
+            }
+        assert time.monotonic() - began < BODY_TIMEOUT
+        # the newest MAX_PENDING are still waiting for their last byte, and then served
+        for sock in stalled[MAX_PENDING:]:
+            sock.sendall(body[-1:])
+        for sock in stalled[MAX_PENDING:]:
+            status, _, answer = read_answer(sock)
+            assert status == 200, answer
+    finally:
+        for sock in stalled:
+            sock.close()
