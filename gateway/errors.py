@@ -50,6 +50,17 @@ class APIError(Exception):
         return response
 
 
+# NOTE: what an error message repeats of a request is cut to this: a value can be megabytes, or a
+# credential pasted into the wrong field.
+SHOWN_CHARS = 40
+
+
+def shown(text: str) -> str:
+    """A string from the request as an error message may repeat it: quoted, control characters
+    escaped, and cut to its first `SHOWN_CHARS` characters (`…` marks a cut)."""
+    return repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…")
+
+
 def invalid_request(param: str | None, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -66,7 +77,7 @@ def invalid_api_key() -> APIError:
 def model_not_found(model: str) -> APIError:
     return APIError(
         404,
-        f"The model '{model}' does not exist or you do not have access to it.",
+        f"The model {shown(model)} does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.requests import ChatRequest, Message
-from gateway.errors import invalid_request
+from gateway.errors import invalid_request, shown
 from gateway.runs.tool_calls import check_tool_parameters
 from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
 
@@ -28,6 +28,12 @@ def _type_name(value: Any) -> str:
         dict: "object",
         type(None): "null",
     }.get(type(value), type(value).__name__)
+
+
+def _quoted(value: Any) -> str:
+    """A request's value as an error message may repeat it: a string quoted and cut short,
+    anything else by its JSON type alone."""
+    return shown(value) if isinstance(value, str) else _type_name(value)
 
 
 def _expect(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> Any:
@@ -85,10 +91,10 @@ def _parse_content(content: Any, where: str) -> str | None:
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+            kind = _quoted(part.get("type")) if isinstance(part, dict) else repr(_type_name(part))
             raise invalid_request(
                 f"{where}[{j}].type",
-                f"Unsupported content part type {kind!r} in '{where}[{j}]': only 'text' parts are "
+                f"Unsupported content part type {kind} in '{where}[{j}]': only 'text' parts are "
                 "supported.",
             )
         text = part.get("text")
@@ -108,7 +114,7 @@ def _parse_message(i: int, raw: Any) -> Message:
     if not isinstance(role, str) or role not in ROLES:
         raise invalid_request(
             f"{where}.role",
-            f"Invalid value for '{where}.role': {role!r}. Supported roles are "
+            f"Invalid value for '{where}.role': {_quoted(role)}. Supported roles are "
             "'system', 'developer', 'user', 'assistant' and 'tool'.",
         )
     content = _parse_content(raw.get("content"), f"{where}.content")

@@ -10,7 +10,7 @@ from aiohttp.http_exceptions import ContentEncodingError
 
 from gateway.answers import answer
 from gateway.app_keys import DRAIN, SETTINGS
-from gateway.errors import APIError, invalid_request
+from gateway.errors import APIError, invalid_request, shown
 from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
 from gateway.run_life import RunLife
@@ -35,7 +35,7 @@ async def read_json(request: web.Request) -> object:
     if request.content_type != "application/json":
         raise APIError(
             415,
-            f"Unsupported Content-Type {request.content_type or 'none'!r}; "
+            f"Unsupported Content-Type {shown(request.content_type or 'none')}; "
             "send the body as 'application/json'.",
             code="unsupported_media_type",
         )

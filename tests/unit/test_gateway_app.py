@@ -224,3 +224,21 @@ async def test_a_body_not_in_its_content_encoding_is_a_400_that_closes(aiohttp_c
         }
     }
     assert not [e for e in logs if e["log_level"] == "error"]
+
+
+async def test_a_long_content_type_or_model_is_repeated_cut_short(aiohttp_client):
+    _, client = await make_client(aiohttp_client, text_script(["x"]))
+    resp = await client.post(
+        "/v1/chat/completions",
+        data=b"{}",
+        headers={**AUTH, "Content-Type": "text/" + "x" * 5000},
+    )
+    assert resp.status == 415
+    assert (await resp.json())["error"]["message"] == (
+        "Unsupported Content-Type 'text/" + "x" * 35 + "…'; send the body as 'application/json'."
+    )
+    resp = await post(client, model="m" * 100_000)
+    assert resp.status == 404
+    assert (await resp.json())["error"]["message"] == (
+        "The model '" + "m" * 40 + "…' does not exist or you do not have access to it."
+    )

@@ -120,6 +120,44 @@ def test_bad_input_is_a_400_naming_the_field(overrides, param, code):
     assert param.split("[")[0].split(".")[0] in error.message
 
 
+ROLES_SUPPORTED = "Supported roles are 'system', 'developer', 'user', 'assistant' and 'tool'."
+
+
+@pytest.mark.parametrize(
+    ("role", "shown"),
+    [
+        ("r" * 10_000, "'" + "r" * 40 + "…'"),  # cut to its first 40 characters
+        ("r" * 40, "'" + "r" * 40 + "'"),  # not cut
+        ("robot\x1b[2J", "'robot\\x1b[2J'"),  # a control character escaped
+        (["r" * 10_000], "array"),  # anything else: its type alone
+        ({"r": "r" * 10_000}, "object"),
+    ],
+)
+def test_a_bad_role_is_repeated_cut_short(role, shown):
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(body(messages=[{"role": role, "content": "x"}]))
+    assert caught.value.message == (
+        f"Invalid value for 'messages[0].role': {shown}. {ROLES_SUPPORTED}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("part", "shown"),
+    [
+        ({"type": "t" * 10_000}, "'" + "t" * 40 + "…'"),
+        ({"type": ["t" * 10_000]}, "array"),
+        ("t" * 10_000, "'string'"),  # not a part at all: its type
+    ],
+)
+def test_an_unsupported_content_part_type_is_repeated_cut_short(part, shown):
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(body(messages=[{"role": "user", "content": [part]}]))
+    assert caught.value.message == (
+        f"Unsupported content part type {shown} in 'messages[0].content[0]': only 'text' parts "
+        "are supported."
+    )
+
+
 def test_body_must_be_an_object():
     with pytest.raises(APIError) as caught:
         parse_chat_request([1, 2])
