@@ -201,13 +201,15 @@ class GatewayMetrics:
         """The gateway process: its local workers and what it holds in memory."""
         self.local_worker_exits = Counter(
             "sluice_local_worker_exits_total",
-            "Local worker processes that exited unasked, by member and reason (code:N, signal:X).",
+            "Local worker processes that exited unasked, by member and reason (code:N, signal:X; "
+            "start_failed: a restart that did not come up).",
             ["member", "reason"],
             registry=r,
         )
         self.local_worker_restarts = Counter(
             "sluice_local_worker_restarts_total",
-            "Local worker processes started again after an exit, by member.",
+            "Local worker processes started again after an exit (each attempt, whether it came "
+            "up or not), by member.",
             ["member"],
             registry=r,
         )

@@ -1,10 +1,13 @@
 """Keeps the gateway's local workers alive: a worker that exits unasked is started again.
 
 Restarts back off exponentially (0.5 s, 1 s, 2 s, … up to 30 s), and the backoff resets once a
-worker has stayed up for a minute. A worker that dies `CRASH_LOOP_EXITS` times within
-`CRASH_LOOP_WINDOW` is crash looping: that is logged as an error and shown by
-`sluice_local_worker_crash_looping`; it is still restarted (at the longest backoff), because a
-gateway that gives up serves nothing at all. Every exit and restart is a log line and a count.
+worker has stayed up for a minute. A start that fails (the worker dies or is not ready in time,
+or its process cannot be created) counts as an exit too, so a worker that never comes up backs
+off like one that keeps crashing. `CRASH_LOOP_EXITS` exits in a row without a minute up in
+between is a crash loop: that is logged as an error and shown by
+`sluice_local_worker_crash_looping`; the worker is still restarted (at the longest backoff),
+because a gateway that gives up serves nothing at all. Every exit and restart is a log line and a
+count.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -27,38 +29,40 @@ FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 60.0  # seconds up after which a worker's backoff starts again from the first
 CRASH_LOOP_EXITS = 5
-CRASH_LOOP_WINDOW = 300.0
+START_FAILED = "start_failed"  # the exit reason of a start that did not come up
 
 
 class RestartPolicy:
-    """When to restart a worker that exited, and whether it is crash looping."""
+    """When to restart a worker that exited, and whether it is crash looping: both follow the
+    streak of exits (failed starts included) since the worker last stayed up `STABLE_AFTER`."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._exits: deque[float] = deque()
+        self._up_since: float | None = clock()  # None while it is down or starting
+        self._streak = 0
         self._backoff = FIRST_BACKOFF
-        self._started = clock()
 
     def started(self) -> None:
-        self._started = self._clock()
+        """The worker came up (it serves)."""
+        self._up_since = self._clock()
 
     def exited(self) -> float:
-        """Record an exit; the seconds to wait before the next start."""
-        now = self._clock()
-        if now - self._started >= STABLE_AFTER:
-            self._backoff = FIRST_BACKOFF
+        """Record an exit, or a start that did not come up; the seconds to wait before the next
+        start."""
+        if self._stable():
+            self._streak, self._backoff = 0, FIRST_BACKOFF
+        self._up_since = None
+        self._streak += 1
         delay, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
-        self._exits.append(now)
-        while self._exits and now - self._exits[0] > CRASH_LOOP_WINDOW:
-            self._exits.popleft()
         return delay
+
+    def _stable(self) -> bool:
+        return self._up_since is not None and self._clock() - self._up_since >= STABLE_AFTER
 
     @property
     def crash_looping(self) -> bool:
-        """Many exits lately, and not up for long since the last start."""
-        now = self._clock()
-        recent = sum(1 for t in self._exits if now - t <= CRASH_LOOP_WINDOW)
-        return recent >= CRASH_LOOP_EXITS and now - self._started < STABLE_AFTER
+        """Many exits in a row, and not up for long since."""
+        return self._streak >= CRASH_LOOP_EXITS and not self._stable()
 
 
 def exit_reason(returncode: int) -> str:
@@ -72,10 +76,21 @@ def exit_reason(returncode: int) -> str:
 class Supervisor:
     """One task per local worker, restarting it whenever it exits while the gateway runs."""
 
-    def __init__(self, workers: list[LocalWorker], metrics: GatewayMetrics, ready_within: float):
+    def __init__(
+        self,
+        workers: list[LocalWorker],
+        metrics: GatewayMetrics,
+        ready_within: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """`clock` and `sleep` drive the backoff (a test's fake clock)."""
         self.workers = workers
         self.metrics = metrics
         self.ready_within = ready_within
+        self._clock = clock
+        self._sleep = sleep
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -98,27 +113,32 @@ class Supervisor:
         await asyncio.gather(*(w.stop() for w in self.workers))
 
     async def _watch(self, worker: LocalWorker) -> None:
-        policy = RestartPolicy()
+        policy = RestartPolicy(self._clock)
         looping = self.metrics.local_worker_crash_looping.labels(worker.name)
         looping.set_function(lambda: int(policy.crash_looping))
         while True:
-            code = await worker.wait()
-            reason = exit_reason(code)
-            delay = policy.exited()
-            self.metrics.local_worker_exits.labels(worker.name, reason).inc()
-            logger = log.error if policy.crash_looping else log.warning
-            logger(
-                "worker crash loop" if policy.crash_looping else "worker exited",
-                member=worker.name,
-                reason=reason,
-                restart_in_s=delay,
-            )
-            await asyncio.sleep(delay)
-            try:
-                await worker.start(self.ready_within)
-            except RuntimeError as exc:  # it died again while starting: the loop goes on
-                log.warning("worker restart failed", member=worker.name, error=str(exc))
-                continue
-            policy.started()
-            self.metrics.local_worker_restarts.labels(worker.name).inc()
-            log.info("worker restarted", member=worker.name, url=worker.url)
+            reason = exit_reason(await worker.wait())
+            while not await self._restart(worker, policy, reason):
+                reason = START_FAILED
+
+    async def _restart(self, worker: LocalWorker, policy: RestartPolicy, reason: str) -> bool:
+        """Count the exit, wait out the backoff and start the worker again; whether it came up."""
+        delay = policy.exited()
+        self.metrics.local_worker_exits.labels(worker.name, reason).inc()
+        logger = log.error if policy.crash_looping else log.warning
+        logger(
+            "worker crash loop" if policy.crash_looping else "worker exited",
+            member=worker.name,
+            reason=reason,
+            restart_in_s=delay,
+        )
+        await self._sleep(delay)
+        self.metrics.local_worker_restarts.labels(worker.name).inc()
+        try:
+            await worker.start(self.ready_within)
+        except (RuntimeError, OSError) as exc:  # it died or hung while starting, or never ran
+            log.warning("worker restart failed", member=worker.name, error=str(exc))
+            return False
+        policy.started()
+        log.info("worker restarted", member=worker.name, url=worker.url)
+        return True

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from gateway.backend_health import BackendHealth
+from gateway.metrics import GatewayMetrics
 from gateway.supervisor import (
     CRASH_LOOP_EXITS,
     MAX_BACKOFF,
     STABLE_AFTER,
     RestartPolicy,
+    Supervisor,
     exit_reason,
 )
 from testkit.scripted_adapter import ScriptedAdapter, text_script
@@ -50,6 +52,25 @@ def test_a_worker_that_keeps_dying_is_crash_looping_until_it_stays_up():
     assert not policy.crash_looping
 
 
+def test_starts_that_never_come_up_back_off_and_are_a_crash_loop():
+    """A worker up for an hour dies, and each restart then waits its whole start timeout for a
+    worker that never serves: the failed starts double the backoff as crashes do."""
+    clock = Clock()
+    policy = RestartPolicy(clock)
+    clock.now += 3600
+    delays = []
+    for _ in range(8):
+        delays.append(policy.exited())
+        clock.now += delays[-1] + 300  # the wait, then a start that times out
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
+    assert policy.crash_looping
+    policy.started()  # it comes up at last
+    assert policy.crash_looping
+    clock.now += STABLE_AFTER
+    assert not policy.crash_looping
+    assert policy.exited() == 0.5
+
+
 def test_exit_reasons_name_the_signal_or_the_code():
     assert exit_reason(-9) == "signal:SIGKILL"
     assert exit_reason(3) == "code:3"
@@ -73,3 +94,67 @@ async def test_backend_health_sees_a_backend_go_away_and_one_that_hangs():
         assert not health.ready(up)
     finally:
         await health.stop()
+
+
+class NeverUpWorker:
+    """A local worker that is killed once, then fails `failures` starts (a start that times out,
+    then one whose process cannot be created, in turn) before one comes up."""
+
+    name = "local:1"
+    url = "http://127.0.0.1:1"
+
+    def __init__(self, clock: Clock, failures: int) -> None:
+        self.clock = clock
+        self.failures = failures
+        self.starts = 0
+        self.up = asyncio.Event()
+        self.exits = [-9]  # the return codes `wait` gives, then it waits forever
+
+    async def wait(self) -> int:
+        if self.exits:
+            return self.exits.pop(0)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def start(self, ready_within: float) -> None:
+        self.starts += 1
+        if self.starts > self.failures:
+            self.up.set()
+            return
+        if self.starts % 2:
+            self.clock.now += ready_within
+            raise RuntimeError(f"worker not ready after {ready_within:.0f} s")
+        raise OSError(12, "Cannot allocate memory")
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_the_supervisor_restarts_a_worker_that_never_comes_up_with_backoff():
+    clock = Clock()
+    worker = NeverUpWorker(clock, failures=7)
+    metrics = GatewayMetrics()
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        clock.now += seconds
+
+    supervisor = Supervisor([worker], metrics, 300.0, clock=clock, sleep=sleep)  # type: ignore[list-item]
+    supervisor.start()
+    try:
+        await asyncio.wait_for(worker.up.wait(), 10)
+        sample = metrics.registry.get_sample_value
+        member = {"member": worker.name}
+        assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
+        assert worker.starts == 8
+        assert sample("sluice_local_worker_restarts_total", member) == 8
+        assert (
+            sample("sluice_local_worker_exits_total", {**member, "reason": "signal:SIGKILL"}) == 1
+        )
+        assert sample("sluice_local_worker_exits_total", {**member, "reason": "start_failed"}) == 7
+        assert sample("sluice_local_worker_crash_looping", member) == 1  # up, but not for long
+        clock.now += STABLE_AFTER
+        assert sample("sluice_local_worker_crash_looping", member) == 0
+    finally:
+        await supervisor.stop()
