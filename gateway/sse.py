@@ -145,9 +145,16 @@ class SSEWriter:
                 self.blocked += time.monotonic() - began  # the wait that gave up counts too
                 raise SlowClient from None
         took = time.monotonic() - began
-        self.behind = took > _BLOCKED
-        if self.behind:
+        if took > _BLOCKED:
             self.blocked += took
+        # NOTE: behind means bytes are still queued for this client after the write: its socket
+        # took less than we sent. A write that merely took long (the loop was busy, the process
+        # descheduled on a loaded machine) says nothing about the client, and must not make its
+        # chunks merge.
+        if transport is None:
+            self.behind = took > _BLOCKED
+        else:
+            self.behind = transport.get_write_buffer_size() > 0
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:

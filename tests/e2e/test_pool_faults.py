@@ -5,6 +5,7 @@ killed one is restarted and routed to again, and so is one that answers nothing 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 import httpx
@@ -16,8 +17,13 @@ from tests.support.waiting import until_sync
 
 
 def workers(gateway: Served) -> list[psutil.Process]:
-    children = psutil.Process(gateway.proc.pid).children()
-    return [p for p in children if "workers.cli" in p.cmdline()]
+    """The gateway's live worker processes (one just killed and not yet reaped is left out)."""
+    found = []
+    for child in psutil.Process(gateway.proc.pid).children():
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "workers.cli" in child.cmdline():
+                found.append(child)
+    return found
 
 
 def healthy_members(gateway: Served) -> float:
