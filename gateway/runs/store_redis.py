@@ -311,12 +311,20 @@ class RedisRunStore:
                     notifier.forget(channel)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
+        # NOTE: the count here moves before the round trip, so calls that overlap (a client
+        # leaving one stream as it resumes on another) each count from the one before; and a
+        # call whose write is answered after the count moved again writes it again, so Redis
+        # ends with this replica's latest count whatever order the writes reached it in.
         count = max(0, self._followers.get(run_id, 0) + delta)
-        total = await self.queue_followers(self.redis, run_id, count)
-        if total == -1:
-            raise UnknownRun(run_id)
         self.count_locally(run_id, count)
-        return int(total)
+        while True:
+            total = await self.queue_followers(self.redis, run_id, count)
+            if total == -1:
+                self.count_locally(run_id, 0)
+                raise UnknownRun(run_id)
+            if (now := self.local_followers(run_id)) == count:
+                return int(total)
+            count = now
 
     def count_locally(self, run_id: str, count: int) -> None:
         if count:
