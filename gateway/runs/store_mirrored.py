@@ -20,7 +20,15 @@ from collections.abc import AsyncIterator
 
 from gateway.runs.redis_writes import WriteBehind
 from gateway.runs.status import RunStatus
-from gateway.runs.store import Chunk, LogClosed, LogEvents, RunRecord, TerminalRecord, UnknownRun
+from gateway.runs.store import (
+    Chunk,
+    LogClosed,
+    LogEvents,
+    RunRecord,
+    StoreUnavailable,
+    TerminalRecord,
+    UnknownRun,
+)
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_redis import RedisRunStore
 from gateway.store_health import StoreHealth
@@ -123,10 +131,14 @@ class MirroredRunStore:
         return count
 
     async def followers(self, run_id: str) -> int:
-        """Every replica's followers: Redis's sum once this replica's count is there; while
-        Redis is away, this replica's own (nobody can follow elsewhere then)."""
+        """Every replica's followers: Redis's sum once this replica's count is there. While
+        Redis is away, this replica's own if it has any; none here is not none anywhere (a
+        follower that came to another replica before Redis went away still reads), so that
+        answer waits for Redis: StoreUnavailable."""
         if self.local.has(run_id) and not await self.writes.settle(run_id):
-            return self.local.followers_now(run_id)
+            if here := self.local.followers_now(run_id):
+                return here
+            raise StoreUnavailable("followers on other replicas are unknown while redis is away")
         return await self.shared.followers(run_id)
 
     async def signal_cancel(self, run_id: str, source: str) -> None:
