@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test gateway-only lint format bench load clean
+.PHONY: install serve test gateway-only lint format bench load soak clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ bench: install
 # locust against a local `sluice serve` (default model, three tenants), 60 s headless
 load: install
 	$(BIN)/python deploy/locust/run_local.py $(LOAD_ARGS)
+
+# two replicas sharing a private Redis, two workers (default model), every kind of client, a
+# worker SIGKILLed and Redis restarted mid-run; prints its table, fails unless every invariant held
+soak: install
+	$(BIN)/python deploy/soak/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
