@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gateway.runs.status import RunStatus
 from gateway.runs.store import TerminalRecord
+from workers.limits import shown
 
 # Statuses a retry cannot fix: the openai SDK honours `x-should-retry: false`.
 _NO_RETRY = frozenset({400, 401, 403, 404, 410, 413, 415, 422})
@@ -48,17 +49,6 @@ class APIError(Exception):
         if headers.get("Connection") == "close":
             response.force_close()  # the rest of the request will not be read
         return response
-
-
-# NOTE: what an error message repeats of a request is cut to this: a value can be megabytes, or a
-# credential pasted into the wrong field.
-SHOWN_CHARS = 40
-
-
-def shown(text: str) -> str:
-    """A string from the request as an error message may repeat it: quoted, control characters
-    escaped, and cut to its first `SHOWN_CHARS` characters (`…` marks a cut)."""
-    return repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…")
 
 
 def invalid_request(param: str | None, message: str, code: str = "invalid_value") -> APIError:

@@ -9,9 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.requests import ChatRequest, Message
-from gateway.errors import invalid_request, shown
+from gateway.errors import invalid_request
 from gateway.runs.tool_calls import check_tool_parameters
-from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
+from workers.limits import (
+    MAX_N,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+    ROLES,
+    shown,
+)
 
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})

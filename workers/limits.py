@@ -27,3 +27,15 @@ def worker_body_limit(gateway_max_body: int) -> int:
     """The body limit a worker needs so that whatever the gateway accepts also fits there,
     continuation included."""
     return gateway_max_body + _GENERATE_OVERHEAD + _CONTINUATION_OVERHEAD
+
+
+# NOTE: what an error message repeats of a request is cut to this: a value can be megabytes, or a
+# credential pasted into the wrong field. The gateway's messages and the workers' (which reach
+# clients through the gateway) both use it.
+SHOWN_CHARS = 40
+
+
+def shown(text: str) -> str:
+    """A string from the request as an error message may repeat it: quoted, control characters
+    escaped, and cut to its first `SHOWN_CHARS` characters (`…` marks a cut)."""
+    return repr(text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…")

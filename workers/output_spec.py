@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workers.limits import shown
 from workers.sampling_params import InvalidParam
 
 JSON_FORMATS = ("json_object", "json_schema")
@@ -150,5 +151,5 @@ def parse_tools(tools: Any, tool_choice: Any) -> ToolSpec | None:
             "tool_choice must be auto, none, required or {type: function, function: {name}}",
         )
     if name not in {t.name for t in parsed}:
-        raise InvalidParam("tool_choice.function.name", f"no tool is named {name!r}")
+        raise InvalidParam("tool_choice.function.name", f"no tool is named {shown(name)}")
     return ToolSpec(parsed, "required", name)

@@ -10,10 +10,11 @@ from aiohttp.http_exceptions import ContentEncodingError
 
 from gateway.answers import answer
 from gateway.app_keys import DRAIN, SETTINGS
-from gateway.errors import APIError, invalid_request, shown
+from gateway.errors import APIError, invalid_request
 from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
 from gateway.run_life import RunLife
+from workers.limits import shown
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:

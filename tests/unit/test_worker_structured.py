@@ -211,6 +211,13 @@ async def test_bad_formats_and_tools_are_a_400_naming_the_field(client, override
     assert error["type"] == "invalid_request_error"
 
 
+async def test_a_named_tool_choice_is_repeated_cut_short(client) -> None:
+    name = "x" * 10_000
+    choice = {"type": "function", "function": {"name": name}}
+    error = await refusal(client, body("bad", tools=TOOLS, tool_choice=choice))
+    assert error["message"].endswith(f"no tool is named '{'x' * 40}…'")
+
+
 class HangingCompile:
     """Makes `GrammarCompiler.build` hang on a schema titled `slow-compile` until released."""
 
