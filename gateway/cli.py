@@ -19,6 +19,7 @@ from workers.logs import configure_logging
 
 
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """Where to listen and what to serve; then `_add_run_arguments`."""
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind (default 8000)")
     p.add_argument("--model", help="local HF model folder, or 'default' (SmolLM2-135M-Instruct)")
@@ -33,6 +34,11 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME=BASE_URL",
         help="an OpenAI-compatible server that serves model NAME",
     )
+    _add_run_arguments(p)
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Tenants, state, a run's deadlines and retention, connections, pool and shutdown."""
     p.add_argument("--api-key", action="append", default=[], help="accepted bearer key")
     p.add_argument("--tenants", help="tenants TOML file")
     p.add_argument("--redis-url", help="Redis for state shared by replicas")

@@ -51,144 +51,102 @@ def _errors(*statuses: int) -> dict[str, Any]:
 _RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+def _get(op_id: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"get": {"operationId": op_id, **more, "responses": responses}}
+
+
+def _answer(description: str, content: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": content}
+
+
 def _chat_paths() -> dict[str, Any]:
-    completion = {"schema": ref("ChatCompletion")}
-    stream = {"schema": ref("StreamEvent")}
+    completion = {JSON: {"schema": ref("ChatCompletion")}}
+    either = {**completion, SSE: {"schema": ref("StreamEvent")}}
     idempotency = {
         "name": "Idempotency-Key",
         "in": "header",
         "required": False,
         "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~ ]+$"},
     }
-    resume = [
-        _RUN_ID,
-        {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
-        {
-            "name": "starting_after",
-            "in": "query",
-            "required": False,
-            "schema": {"type": "integer", "minimum": 0},
-            "description": "Resume: replay the events after this sequence number, then follow.",
+    starting_after = {
+        "name": "starting_after",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "Resume: replay the events after this sequence number, then follow.",
+    }
+    stream = {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}}
+    create = {
+        "operationId": "createChatCompletion",
+        "summary": "Start a run; answer it whole, or stream it (`stream: true`).",
+        "parameters": [idempotency],
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": ref("ChatCompletionRequest")}},
         },
-    ]
+        "responses": {
+            "200": _answer("The completion.", either),
+            **_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 502, 503, 504),
+        },
+    }
+    cancel = {
+        "operationId": "cancelChatCompletion",
+        "summary": "Cancel the run (idempotent); answers its terminal status.",
+        "parameters": [_RUN_ID],
+        "responses": {"200": _answer("The run as it ended.", completion), **_errors(401, 404, 503)},
+    }
+    retrieve = _get(
+        "retrieveChatCompletion",
+        {"200": _answer("The run.", either), **_errors(400, 401, 404, 410, 503)},
+        summary="The run's object with its status, or (`stream=true`) its events.",
+        parameters=[_RUN_ID, stream, starting_after],
+    )
     return {
-        "/v1/chat/completions": {
-            "post": {
-                "operationId": "createChatCompletion",
-                "summary": "Start a run; answer it whole, or stream it (`stream: true`).",
-                "parameters": [idempotency],
-                "requestBody": {
-                    "required": True,
-                    "content": {JSON: {"schema": ref("ChatCompletionRequest")}},
-                },
-                "responses": {
-                    "200": {
-                        "description": "The completion.",
-                        "content": {JSON: completion, SSE: stream},
-                    },
-                    **_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 502, 503, 504),
-                },
-            }
-        },
-        "/v1/chat/completions/{id}": {
-            "get": {
-                "operationId": "retrieveChatCompletion",
-                "summary": "The run's object with its status, or (`stream=true`) its events.",
-                "parameters": resume,
-                "responses": {
-                    "200": {"description": "The run.", "content": {JSON: completion, SSE: stream}},
-                    **_errors(400, 401, 404, 410, 503),
-                },
-            }
-        },
-        "/v1/chat/completions/{id}/cancel": {
-            "post": {
-                "operationId": "cancelChatCompletion",
-                "summary": "Cancel the run (idempotent); answers its terminal status.",
-                "parameters": [_RUN_ID],
-                "responses": {
-                    "200": {"description": "The run as it ended.", "content": {JSON: completion}},
-                    **_errors(401, 404, 503),
-                },
-            }
-        },
+        "/v1/chat/completions": {"post": create},
+        "/v1/chat/completions/{id}": retrieve,
+        "/v1/chat/completions/{id}/cancel": {"post": cancel},
     }
 
 
-def _other_paths() -> dict[str, Any]:
-    public: list[dict[str, list[str]]] = []  # no credential needed
-    text = {"text/plain": {"schema": {"type": "string"}}}
-    status = {JSON: {"schema": {"type": "object", "required": ["status"]}}}
+def _model_paths() -> dict[str, Any]:
+    model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
     return {
-        "/v1/models": {
-            "get": {
-                "operationId": "listModels",
-                "responses": {
-                    "200": {
-                        "description": "The models served.",
-                        "content": {JSON: {"schema": ref("ModelList")}},
-                    },
-                    **_errors(401),
-                },
-            }
-        },
-        "/v1/models/{model}": {
-            "get": {
-                "operationId": "retrieveModel",
-                "parameters": [
-                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
-                "responses": {
-                    "200": {
-                        "description": "The model.",
-                        "content": {JSON: {"schema": ref("Model")}},
-                    },
-                    **_errors(401, 404),
-                },
-            }
-        },
-        "/healthz": {
-            "get": {
-                "operationId": "healthz",
-                "security": public,
-                "responses": {"200": {"description": "The process is up.", "content": status}},
-            }
-        },
-        "/readyz": {
-            "get": {
-                "operationId": "readyz",
-                "security": public,
-                "responses": {
-                    "200": {
-                        "description": "Every model (or some: `degraded`) can be served.",
-                        "content": status,
-                    },
-                    "503": {
-                        "description": "Nothing can be served, the store is away, or draining.",
-                        "content": status,
-                    },
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "security": public,
-                "responses": {"200": {"description": "Prometheus text format.", "content": text}},
-            }
-        },
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "security": public,
-                "responses": {
-                    "200": {
-                        "description": "This document.",
-                        "content": {JSON: {"schema": {"type": "object"}}},
-                    }
-                },
-            }
-        },
+        "/v1/models": _get(
+            "listModels",
+            {
+                "200": _answer("The models served.", {JSON: {"schema": ref("ModelList")}}),
+                **_errors(401),
+            },
+        ),
+        "/v1/models/{model}": _get(
+            "retrieveModel",
+            {"200": _answer("The model.", {JSON: {"schema": ref("Model")}}), **_errors(401, 404)},
+            parameters=[model],
+        ),
+    }
+
+
+def _public_paths() -> dict[str, Any]:
+    """The routes that need no credential."""
+    public: list[dict[str, list[str]]] = []
+    status = {JSON: {"schema": {"type": "object", "required": ["status"]}}}
+    ready = {
+        "200": _answer("Every model (or some: `degraded`) can be served.", status),
+        "503": _answer("Nothing can be served, the store is away, or draining.", status),
+    }
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    document = {JSON: {"schema": {"type": "object"}}}
+    return {
+        "/healthz": _get(
+            "healthz", {"200": _answer("The process is up.", status)}, security=public
+        ),
+        "/readyz": _get("readyz", ready, security=public),
+        "/metrics": _get(
+            "metrics", {"200": _answer("Prometheus text format.", text)}, security=public
+        ),
+        "/openapi.json": _get(
+            "openapi", {"200": _answer("This document.", document)}, security=public
+        ),
     }
 
 
@@ -203,6 +161,6 @@ def openapi_document(version: str) -> dict[str, Any]:
             "resume a stream by event id, cancel a run, retrieve its object.",
         },
         "security": [{"bearer": []}],
-        "paths": {**_chat_paths(), **_other_paths()},
+        "paths": {**_chat_paths(), **_model_paths(), **_public_paths()},
         "components": components(),
     }

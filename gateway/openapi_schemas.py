@@ -29,28 +29,23 @@ def _nullable(kind: str, **more: Any) -> dict[str, Any]:
     return {"type": [kind, "null"], **more}
 
 
+def _object(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+def _function_object(function: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """OpenAI's `{"type": "function", "function": {…}}` wrapper (tools, tool calls, choices)."""
+    return _object(["type", "function", *required], type={"const": "function"}, function=function)
+
+
 def _message() -> dict[str, Any]:
     """One message, as the parser takes it: by role (a tool turn names its call, only an
     assistant turn carries calls, and its content may then be null)."""
-    text_part = {
-        "type": "object",
-        "required": ["type", "text"],
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    }
+    text_part = _object(["type", "text"], type={"const": "text"}, text={"type": "string"})
     content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
-    tool_call = {
-        "type": "object",
-        "required": ["id", "function"],
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name", "arguments"],
-                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-            },
-        },
-    }
+    call = _object(["name", "arguments"], name={"type": "string"}, arguments={"type": "string"})
+    tool_call = _object(["id", "function"], id={"type": "string"}, type={"const": "function"})
+    tool_call["properties"]["function"] = call
     common = {"name": _nullable("string"), "tool_call_id": _nullable("string")}
     no_calls = {"type": "null"}
 
@@ -116,23 +111,14 @@ def _parameters() -> dict[str, Any]:
 
 
 def _tool() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["type", "function"],
-        "properties": {
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1},
-                    "description": {"type": "string"},
-                    "parameters": _parameters(),
-                    "strict": {"type": ["boolean", "null"]},
-                },
-            },
-        },
-    }
+    function = _object(
+        ["name"],
+        name={"type": "string", "minLength": 1},
+        description={"type": "string"},
+        parameters=_parameters(),
+        strict={"type": ["boolean", "null"]},
+    )
+    return _function_object(function)
 
 
 def _needs(field: str, when: dict[str, Any], flag: str) -> dict[str, Any]:
@@ -143,20 +129,29 @@ def _needs(field: str, when: dict[str, Any], flag: str) -> dict[str, Any]:
     }
 
 
-def _chat_request() -> dict[str, Any]:
-    named_choice = {
-        "type": "object",
-        "required": ["type", "function"],
-        "properties": {
-            "type": {"const": "function"},
-            "function": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {"name": {"type": "string", "minLength": 1}},
-            },
-        },
-    }
+def _sampling_properties() -> dict[str, Any]:
+    """The request's fields that shape the sampling, with the parser's ranges."""
     stop_string = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+    stops = {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": stop_string}
+    return {
+        "max_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
+        "max_completion_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
+        "temperature": _number(0, 2),
+        "top_p": _number(0, 1, exclusive_low=True),
+        "seed": _nullable("integer", minimum=-(2**63), maximum=MAX_INT64),
+        "stop": {"anyOf": [stop_string, stops, {"type": "null"}]},
+        "n": _nullable("integer", minimum=1, maximum=MAX_N),
+        "logprobs": _nullable("boolean"),
+        "top_logprobs": _nullable(
+            "integer", minimum=0, maximum=MAX_TOP_LOGPROBS, description="Needs `logprobs`."
+        ),
+        "presence_penalty": _number(-2, 2),
+        "frequency_penalty": _number(-2, 2),
+    }
+
+
+def _chat_request() -> dict[str, Any]:
+    named_choice = _function_object(_object(["name"], name={"type": "string", "minLength": 1}))
     only_with = [
         _needs("stream_options", {"type": "object"}, "stream"),
         _needs("top_logprobs", {"type": "integer", "minimum": 1}, "logprobs"),
@@ -175,25 +170,7 @@ def _chat_request() -> dict[str, Any]:
                 "description": "Only with `stream: true`.",
                 "properties": {"include_usage": _nullable("boolean")},
             },
-            "max_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
-            "max_completion_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
-            "temperature": _number(0, 2),
-            "top_p": _number(0, 1, exclusive_low=True),
-            "seed": _nullable("integer", minimum=-(2**63), maximum=MAX_INT64),
-            "stop": {
-                "anyOf": [
-                    stop_string,
-                    {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": stop_string},
-                    {"type": "null"},
-                ]
-            },
-            "n": _nullable("integer", minimum=1, maximum=MAX_N),
-            "logprobs": _nullable("boolean"),
-            "top_logprobs": _nullable(
-                "integer", minimum=0, maximum=MAX_TOP_LOGPROBS, description="Needs `logprobs`."
-            ),
-            "presence_penalty": _number(-2, 2),
-            "frequency_penalty": _number(-2, 2),
+            **_sampling_properties(),
             "tools": {"type": ["array", "null"], "items": ref("Tool")},
             "tool_choice": {
                 "anyOf": [{"enum": sorted(TOOL_CHOICES)}, named_choice, {"type": "null"}]
@@ -244,34 +221,47 @@ def _chat_completion() -> dict[str, Any]:
     }
 
 
+def _wire_schemas() -> dict[str, Any]:
+    """The error body, the stream's events and the model objects."""
+    nullable_string = {"type": ["string", "null"]}
+    error = _object(
+        ["message", "type", "param", "code"],
+        message={"type": "string"},
+        type={"type": "string"},
+        param=nullable_string,
+        code=nullable_string,
+    )
+    data = {
+        "type": "string",
+        "description": "A `chat.completion.chunk` or an `error` object as JSON, or `[DONE]`.",
+    }
+    model = _object(
+        ["id", "object", "created", "owned_by"],
+        id={"type": "string"},
+        object={"const": "model"},
+        created={"type": "integer"},
+        owned_by={"type": "string"},
+        max_model_len={"type": "integer"},
+    )
+    models = _object(
+        ["object", "data"], object={"const": "list"}, data={"type": "array", "items": ref("Model")}
+    )
+    event = _object(
+        ["data"],
+        id={"type": "string", "pattern": "^[0-9]+$"},
+        event={"const": "message"},
+        data=data,
+    )
+    event["description"] = STREAM_TEXT
+    return {
+        "ErrorResponse": _object(["error"], error=error),
+        "StreamEvent": event,
+        "Model": model,
+        "ModelList": models,
+    }
+
+
 def components() -> dict[str, Any]:
-    error = {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type", "param", "code"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-            }
-        },
-    }
-    model = {
-        "type": "object",
-        "required": ["id", "object", "created", "owned_by"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "model"},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "max_model_len": {"type": "integer"},
-        },
-    }
     return {
         "securitySchemes": {
             "bearer": {
@@ -287,33 +277,10 @@ def components() -> dict[str, Any]:
             }
         },
         "schemas": {
-            "ErrorResponse": error,
-            "StreamEvent": {
-                "type": "object",
-                "description": STREAM_TEXT,
-                "required": ["data"],
-                "properties": {
-                    "id": {"type": "string", "pattern": "^[0-9]+$"},
-                    "event": {"const": "message"},
-                    "data": {
-                        "type": "string",
-                        "description": "A `chat.completion.chunk` or an `error` object as JSON, "
-                        "or `[DONE]`.",
-                    },
-                },
-            },
+            **_wire_schemas(),
             "ChatMessage": _message(),
             "Tool": _tool(),
             "ChatCompletionRequest": _chat_request(),
             "ChatCompletion": _chat_completion(),
-            "Model": model,
-            "ModelList": {
-                "type": "object",
-                "required": ["object", "data"],
-                "properties": {
-                    "object": {"const": "list"},
-                    "data": {"type": "array", "items": ref("Model")},
-                },
-            },
         },
     }

@@ -27,6 +27,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(1, str(HERE.parent / "locust"))  # sse_frames: the load's own frame checks
+sys.path.insert(1, str(ROOT))  # testkit/ (not installed): the probes, the tiny model
 
 import soak_checks as checks  # noqa: E402
 from soak_clients import Client, Target  # noqa: E402
@@ -172,7 +173,6 @@ def write_descriptors(path: Path, base: Footprint, end: Footprint) -> None:
 
 
 def build_tiny(folder: Path) -> str:
-    sys.path.insert(0, str(ROOT))  # testkit/ is not installed
     from testkit.tiny_model import build_tiny_model
 
     return str(build_tiny_model(folder / "tiny"))

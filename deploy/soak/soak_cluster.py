@@ -32,6 +32,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
+from testkit.probes import redis_answers, scraped
 
 API_KEY = "sk-sluice-soak"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -48,15 +49,7 @@ class ClusterSettings:
     outage_grace: float
 
 
-def metric(root: str, name: str, **labels: str) -> float:
-    """The sum of `name`'s samples at `root`/metrics whose labels include `labels`."""
-    text = httpx.get(f"{root}/metrics", timeout=5).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+metric = scraped  # one sample of a process's /metrics
 
 
 def poll(check, within: float, every: float = 0.2):
@@ -97,12 +90,7 @@ class SoakRedis:
             raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_answers(self.port)
 
     def kill(self) -> None:
         assert self.proc is not None

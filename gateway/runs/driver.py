@@ -30,7 +30,7 @@ from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelt
 from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
 from gateway.runs.deadlines import next_deadline
-from gateway.runs.endings import STORE_LOST_CAUSE, ending, refusal
+from gateway.runs.endings import STORE_LOST_CAUSE, ending, error_body, refusal, stage_failure
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import RunStatus
@@ -253,13 +253,13 @@ class RunDriver:
                 return True
         self.acct.sent(passed)
         origin = "upstream"
-        if failure is None and (failure := _stage_failure(passed)) is not None:
+        if failure is None and (failure := stage_failure(passed)) is not None:
             origin = "stage"  # a stage refused what it saw (an invalid tool call)
         if failure is None:
             if (source := self.pipeline.stop_source) is not None:
                 self.stop(RunStatus.COMPLETED, f"stage:{source}", source)
             return True
-        self.stop(RunStatus.FAILED, f"{origin}:{failure.code}", error=_error_body(failure))
+        self.stop(RunStatus.FAILED, f"{origin}:{failure.code}", error=error_body(failure))
         return False
 
     async def _complete(self) -> None:
@@ -269,7 +269,7 @@ class RunDriver:
             self.ending = Ending(RunStatus.COMPLETED, "completed", None, time.monotonic())
         await self._advance(RunStatus.FINALIZING)
         chunks, released = await self.pipeline.finish()
-        if (failure := _stage_failure(released)) is not None:  # what a stage held was refused
+        if (failure := stage_failure(released)) is not None:  # what a stage held was refused
             if chunks:
                 with contextlib.suppress(LogClosed):
                     await self.store.append(self.run_id, chunks)
@@ -278,7 +278,7 @@ class RunDriver:
                 f"stage:{failure.code}",
                 None,
                 time.monotonic(),
-                _error_body(failure),
+                error_body(failure),
             )
             await self._write_ending()
             return
@@ -391,14 +391,3 @@ class RunDriver:
             first_token_at=self.acct.first_arrival_at,
             last_token_at=self.acct.last_arrival_at,
         )
-
-
-def _stage_failure(events: list[Event]) -> ErrorEvent | None:
-    for event in events:
-        if type(event) is ErrorEvent:
-            return event
-    return None
-
-
-def _error_body(failure: ErrorEvent) -> dict:
-    return {"message": failure.message, "type": failure.type, "param": None, "code": failure.code}

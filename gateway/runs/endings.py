@@ -12,6 +12,7 @@ import time
 import orjson
 
 from adapters.base import BackendRejected, BackendUnavailable
+from adapters.events import ErrorEvent, Event
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
 from gateway.runs.store import Chunk, TerminalRecord, log_chunk
 
@@ -96,3 +97,16 @@ def refusal(exc: Exception) -> TerminalRecord:
     return TerminalRecord(
         status, cause, error=error, at=time.time(), refused=True, retry_after=retry_after
     )
+
+
+def stage_failure(events: list[Event]) -> ErrorEvent | None:
+    """The refusal a stage put among what it let through (an invalid tool call), if any."""
+    for event in events:
+        if type(event) is ErrorEvent:
+            return event
+    return None
+
+
+def error_body(failure: ErrorEvent) -> dict:
+    """An error event as the run's terminal error (the `error` frame's object)."""
+    return {"message": failure.message, "type": failure.type, "param": None, "code": failure.code}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from gateway.local_worker import free_port
+from testkit.probes import redis_answers
 
 
 class PrivateRedis:
@@ -35,12 +35,7 @@ class PrivateRedis:
             time.sleep(0.02)  # NOTE: polling another process's start, with a deadline
 
     def answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_answers(self.port)
 
     def kill(self) -> None:
         assert self.proc is not None
