@@ -197,9 +197,14 @@ def stack(tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
 
 
 def scraped_everything(stack: Stack) -> bool:
-    """Whether Prometheus holds what the gateway counts now (nothing moves after the load)."""
+    """Whether Prometheus holds what the gateway counts now (nothing moves after the load), in
+    at least two samples of every series: `rate()` has nothing to say about a series it has
+    seen once, as one born in the last scrape before the queries would be."""
     for name in ("sluice_requests_total", "sluice_cancellations_total", "sluice_resumes_total"):
         if stack.prometheus.value(f"sum({name})") != scraped(stack.root, name):
+            return False
+        seen_twice = f"count(count_over_time({name}[5m]) >= 2)"
+        if stack.prometheus.value(seen_twice) != stack.prometheus.value(f"count({name})"):
             return False
     return True
 
