@@ -72,6 +72,13 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="token budget of one engine step (decodes plus prefill chunks)",
     )
     parser.add_argument(
+        "--step-time-target",
+        type=float,
+        default=float(_env("step-time-target") or _DEFAULTS.step_time_target_s),
+        help="seconds one engine step should take: prefill chunks shrink so decodes keep "
+        "their pace (0: prefill fills the token budget)",
+    )
+    parser.add_argument(
         "--block-size",
         type=int,
         default=_env("block-size") or _DEFAULTS.block_size,
@@ -162,6 +169,7 @@ def run_worker(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            step_time_target_s=args.step_time_target,
             block_size=args.block_size,
             num_kv_blocks=args.num_kv_blocks,
             kv_cache_memory=args.kv_cache_memory,

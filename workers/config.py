@@ -22,6 +22,9 @@ class WorkerConfig:
     dtype: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    # a step's prefill is cut so the step ends within this (decodes keep their cadence); the
+    # token budget above stays the cap. 0: prefill takes what the fixed budget leaves
+    step_time_target_s: float = 0.05
     block_size: int = 16
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
     kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY
@@ -42,6 +45,10 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, not {self.num_kv_blocks}")
+        if not self.step_time_target_s >= 0:
+            raise ValueError(
+                f"step_time_target_s must be 0 (off) or positive, not {self.step_time_target_s}"
+            )
         if not self.grammar_timeout_s > 0:
             raise ValueError(f"grammar_timeout_s must be positive, not {self.grammar_timeout_s}")
         parse_bytes(self.kv_cache_memory)  # raises ValueError on a bad size
@@ -51,6 +58,7 @@ class WorkerConfig:
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "step_time_target_s": self.step_time_target_s or None,
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,
             "kv_cache_memory": self.kv_cache_memory,

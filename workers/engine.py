@@ -37,6 +37,8 @@ from workers.model_runner import ModelRunner
 from workers.request import EngineRequest, Request, RequestStatus, SequenceState
 from workers.sampler import Sampler, seeded
 from workers.scheduler import Scheduler
+from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, Speculator
+from workers.step_time import StepBudget
 from workers.stop import StopContext, StopStringHoldback, check_stop
 from workers.tool_parser import ToolCallParser
 
@@ -71,6 +73,9 @@ class Engine:
         num_kv_blocks: int | None = None,
         kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY,
         prefix_caching: bool = True,
+        step_time_target_s: float | None = None,
+        speculative: str = DEFAULT_MODE,
+        spec_tokens: int = DEFAULT_SPEC_TOKENS,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
@@ -85,10 +90,12 @@ class Engine:
         device = next(model.parameters()).device
         self.cache = KVCache(shape, num_kv_blocks, block_size, device)
         blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
-        self.scheduler = Scheduler(blocks, max_num_seqs, max_num_batched_tokens)
+        budget = None if not step_time_target_s else StepBudget(step_time_target_s, block_size)
+        self.scheduler = Scheduler(blocks, max_num_seqs, max_num_batched_tokens, budget)
         self.runner = ModelRunner(model, self.cache)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
+        self.speculator = Speculator(speculative, spec_tokens)
         self.stop_ctx = StopContext(eos_token_ids(model, tokenizer), self.max_model_len)
         self.live = LiveRequests(self.scheduler)
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
@@ -197,6 +204,8 @@ class Engine:
             prefix_cache_hits=s.prefix_cache_hits,
             prefix_cache_queries=s.prefix_cache_queries,
             steps_total=self._step_index,
+            spec_draft_tokens=self.speculator.stats.draft_tokens,
+            spec_accepted_tokens=self.speculator.stats.accepted_tokens,
         )
 
     def apply_aborts(self) -> list[RequestOutput]:
@@ -212,6 +221,8 @@ class Engine:
         self._apply_aborts(outputs)
         self._step_index += 1
         scheduled = self.scheduler.schedule()
+        spare = self.scheduler.max_num_batched_tokens - scheduled.num_tokens
+        self.speculator.extend(scheduled.work, self.scheduler, spare)
         self._last_step_tokens = scheduled.num_tokens
         self._report_admissions(scheduled.work, outputs)
         if scheduled.work:
@@ -224,8 +235,11 @@ class Engine:
                         request_id, ENGINE_ERROR, "the model failed on this request", outputs
                     )
             else:
-                self.scheduler.computed(scheduled.work)
+                # a draft's tokens count as computed once verified (Speculator.settle)
+                self.scheduler.computed([(s, n) for s, n in scheduled.work if not s.draft])
                 self._sample_and_postprocess(samplers, logits, outputs)
+                self.scheduler.step_ended(scheduled)  # the sampled tokens are on the host now
+        self.speculator.discard()  # the drafts of sequences that failed in this step
         self._last_step_ended = time.monotonic()
         return self.live.retire(outputs)
 
@@ -256,7 +270,10 @@ class Engine:
                 seq.status = RequestStatus.FINISHED_ABORTED
                 output_of(outputs, request_id).events.append(
                     api.abort_line(
-                        seq.index, seq.num_output_tokens, int(in_flight), max(0.0, now - arrived)
+                        seq.index,
+                        seq.num_output_tokens,
+                        seq.last_step_tokens if in_flight else 0,
+                        max(0.0, now - arrived),
                     )
                 )
                 self.live.release(seq)
@@ -289,19 +306,22 @@ class Engine:
     def _sample_and_postprocess(
         self, samplers: list[SequenceState], logits: torch.Tensor, outputs: Outputs
     ) -> None:
-        rows, row_index = [], []
-        for i, seq in enumerate(samplers):
-            if seq.status.is_finished:
-                continue
-            rows.append(seq)
-            row_index.append(i)
-            if seq.index == 0 and not seq.output_ids and seq.params.n > 1:
-                for child in self._fork_children(seq):
-                    rows.append(child)
-                    row_index.append(i)
+        """Sample every row (a sequence verifying a draft has one per position), then hand each
+        sequence its tokens: one sampled, or a verified draft's accepted ones."""
+        rows, row_index, offset = [], [], 0
+        for seq in samplers:
+            width = 1 + len(seq.draft)
+            if not seq.status.is_finished:
+                rows += [seq] * width
+                row_index += range(offset, offset + width)
+                if seq.index == 0 and not seq.output_ids and seq.params.n > 1:
+                    for child in self._fork_children(seq):
+                        rows.append(child)
+                        row_index.append(offset)
+            offset += width
         if not rows:
             return
-        if row_index != list(range(len(samplers))):
+        if row_index != list(range(offset)):
             logits = logits[torch.tensor(row_index, device=logits.device)]
         try:
             result = self.sampler.sample(logits, rows)
@@ -312,11 +332,17 @@ class Engine:
                     request_id, ENGINE_ERROR, "sampling failed for this request", outputs
                 )
             return
-        for seq, token_id, logprob in zip(rows, result.token_ids, result.logprobs, strict=True):
+        i = 0
+        while i < len(rows):
+            seq, width = rows[i], 1 + len(rows[i].draft)
+            tokens, logprobs = result.token_ids[i : i + width], result.logprobs[i : i + width]
+            i += width
             if seq.status.is_finished:
                 continue
             try:
-                self._postprocess(seq, token_id, logprob, outputs)
+                if seq.draft:
+                    tokens = self.speculator.settle(seq, tokens, self.scheduler)
+                self._postprocess(seq, tokens, logprobs, outputs)
             except Exception as e:
                 _log_failure("decoding", seq.request_id, e)
                 self.live.fail(
@@ -326,17 +352,22 @@ class Engine:
     def _postprocess(
         self,
         seq: SequenceState,
-        token_id: int,
-        logprob: dict[str, Any] | None,
+        tokens: list[int],
+        logprobs: list[dict[str, Any] | None],
         outputs: Outputs,
     ) -> None:
-        seq.append_token(token_id, logprob)
+        """Append the step's tokens one by one until one ends the sequence; what follows that
+        one (the rest of a verified draft) is dropped, never streamed or counted."""
         seq.last_token_step = self._step_index
-        self._generated_total += 1
-        status = check_stop(seq, token_id, self.stop_ctx)
-        if status is not None:
-            self._finish_sequence(seq, status, outputs)
-            return
+        seq.last_step_tokens = 0
+        for token_id, logprob in zip(tokens, logprobs, strict=False):
+            seq.append_token(token_id, logprob)
+            seq.last_step_tokens += 1
+            self._generated_total += 1
+            status = check_stop(seq, token_id, self.stop_ctx)
+            if status is not None:
+                self._finish_sequence(seq, status, outputs)
+                return
         events = seq.take_events()
         if events:
             output_of(outputs, seq.request_id).events.extend(events)

@@ -8,6 +8,11 @@ and none is free, the newest running sequence is preempted: its blocks are freed
 tokens forgotten, and it goes back to the front of the queue to be recomputed later (its full
 blocks usually come straight back from the prefix cache).
 
+Decodes always go first. With a step-time target (`StepBudget`, step_time.py), prefill gets only
+the tokens that still fit under the target after the decodes, so a long prompt is split into
+chunks small enough that the running sequences keep their token cadence; without one, prefill
+takes whatever the fixed token budget leaves.
+
 The scheduler owns the block manager: the engine asks it to admit, fork and release sequences
 and to record what a step computed, and never touches blocks itself (nano-vllm's split).
 """
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
 from workers.request import RequestStatus, SequenceState
+from workers.step_time import StepBudget
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,13 +62,18 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        step_budget: StepBudget | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.step_budget = step_budget  # None: prefill takes what the fixed budget leaves
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.preemptions = 0
@@ -124,28 +135,72 @@ class Scheduler:
         if seq.block_table:
             self.blocks.free(seq)
 
+    def reserve(self, seq: SequenceState, num_tokens: int) -> bool:
+        """Grow a scheduled sequence to hold `num_tokens` from free blocks alone, never
+        preempting: for optional work (a speculative draft); False when they are not free."""
+        if not self.blocks.can_grow(seq, num_tokens):
+            return False
+        self.blocks.grow(seq, num_tokens)
+        return True
+
     def schedule(self) -> ScheduledStep:
+        """This step's work: every decode that fits, then prefill chunks within what is left."""
         step = ScheduledStep()
+        # NOTE: decodes first, then prompts being prefilled, each group oldest first; a sequence
+        # short of blocks preempts from the end of that order (the newest prompt, else the newest
+        # decode), never one already given work this step.
+        order = [s for s in self.running if s.num_uncomputed == 1]
+        order += [s for s in self.running if s.num_uncomputed > 1]
         budget = self.max_num_batched_tokens
+        prefill = None  # decided once the decodes are in
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            new = min(seq.num_uncomputed, budget)
-            target = seq.num_computed_tokens + new
-            while not self.blocks.can_grow(seq, target) and self.running[-1] is not seq:
-                step.preempted.append(self._preempt(self.running[-1]))
-            if not self.blocks.can_grow(seq, target):
-                step.preempted.append(self._preempt(seq))  # it is the newest now
+        while i < len(order) and budget > 0:
+            seq = order[i]
+            if prefill is None and seq.num_uncomputed > 1:
+                prefill = self._prefill_room(step.num_tokens, budget)
+            new = min(seq.num_uncomputed, budget if prefill is None else prefill)
+            if new == 0:
                 break
-            self.blocks.grow(seq, target)
+            if not self._make_room(step, order, i, seq.num_computed_tokens + new):
+                break
             step.work.append((seq, new))
             budget -= new
+            if prefill is not None:
+                prefill -= new
             i += 1
         if not step.preempted:
-            budget = self._admit(step, budget)
+            if prefill is None:
+                prefill = self._prefill_room(step.num_tokens, budget)
+            self._admit(step, min(budget, prefill))
+        if self.step_budget is not None and step.work:
+            self.step_budget.started()
         return step
 
-    def _admit(self, step: ScheduledStep, budget: int) -> int:
+    def step_ended(self, step: ScheduledStep) -> None:
+        """The step's results are back on the host: the step-time target learns its cost."""
+        if self.step_budget is not None and step.work:
+            self.step_budget.ended(step.num_tokens)
+
+    def _prefill_room(self, decode_tokens: int, budget: int) -> int:
+        if self.step_budget is None:
+            return budget
+        return self.step_budget.prefill_tokens(decode_tokens, budget)
+
+    def _make_room(
+        self, step: ScheduledStep, order: list[SequenceState], i: int, target: int
+    ) -> bool:
+        """Grow `order[i]` to `target` tokens, preempting from the end of `order` for blocks;
+        False when it was preempted itself (it was the last one left)."""
+        seq = order[i]
+        while not self.blocks.can_grow(seq, target) and order[-1] is not seq:
+            step.preempted.append(self._preempt(order.pop()))
+        if not self.blocks.can_grow(seq, target):
+            step.preempted.append(self._preempt(order.pop()))
+            return False
+        self.blocks.grow(seq, target)
+        return True
+
+    def _admit(self, step: ScheduledStep, budget: int) -> None:
         while self.waiting and budget > 0 and self.has_room(self.waiting[0]):
             seq = self.waiting[0]
             if not self.blocks.can_allocate(seq):
@@ -157,7 +212,6 @@ class Scheduler:
             new = min(seq.num_uncomputed, budget)
             step.work.append((seq, new))
             budget -= new
-        return budget
 
     def _preempt(self, seq: SequenceState) -> SequenceState:
         self.running.remove(seq)

@@ -31,6 +31,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "NUM_KV_BLOCKS",
         "MAX_BODY_BYTES",
         "GRAMMAR_TIMEOUT",
+        "STEP_TIME_TARGET",
     ):
         monkeypatch.delenv(f"SLUICE_{name}", raising=False)
 
@@ -45,6 +46,7 @@ def test_defaults() -> None:
         "dtype": "auto",
         "max_num_seqs": 32,
         "max_num_batched_tokens": 512,
+        "step_time_target": 0.05,
         "block_size": 16,
         "kv_cache_memory": "2GiB",
         "num_kv_blocks": None,
@@ -66,6 +68,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_NUM_KV_BLOCKS", "100")
     monkeypatch.setenv("SLUICE_MAX_BODY_BYTES", "2048")
     monkeypatch.setenv("SLUICE_GRAMMAR_TIMEOUT", "0.5")
+    monkeypatch.setenv("SLUICE_STEP_TIME_TARGET", "0.2")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -74,6 +77,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "dtype": "float32",
         "max_num_seqs": 4,
         "max_num_batched_tokens": 128,
+        "step_time_target": 0.2,
         "block_size": 8,
         "kv_cache_memory": "64MiB",
         "num_kv_blocks": 100,
@@ -107,6 +111,7 @@ def test_bad_choices_are_refused() -> None:
         {"kv_cache_memory": "lots"},
         {"max_body_bytes": 0},
         {"grammar_timeout_s": 0},
+        {"step_time_target_s": -0.1},
     ],
 )
 def test_config_validation(kwargs: dict) -> None:

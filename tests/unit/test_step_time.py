@@ -1,0 +1,179 @@
+"""The step-time target: a fitted step cost, a prefill budget that shrinks when steps run long,
+and prompts split into chunks so the running sequences keep their cadence (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_paged_engine import assert_no_leaks, prompts, run, submit, text_of
+from tests.unit.test_scheduler import make_seq
+from workers.block_manager import BlockManager
+from workers.engine import Engine
+from workers.scheduler import Scheduler
+from workers.step_time import MIN_PREFILL_SHARE, StepBudget, StepTimeModel
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeDevice:
+    """A step costs `fixed + per_token x tokens` seconds of the fake clock."""
+
+    def __init__(self, clock: FakeClock, fixed: float, per_token: float) -> None:
+        self.clock, self.fixed, self.per_token = clock, fixed, per_token
+
+    def run(self, sched: Scheduler) -> tuple[list[tuple[str, int]], float]:
+        """One engine step: schedule, run (the clock moves), read back; (work, seconds)."""
+        step = sched.schedule()
+        took = self.fixed + self.per_token * step.num_tokens
+        self.clock.now += took
+        for seq, new in step.work:
+            seq.num_computed_tokens += new
+            if seq.num_computed_tokens == len(seq.all_ids):
+                seq.append_token(7, None)
+        sched.step_ended(step)
+        return [(seq.request_id, new) for seq, new in step.work], took
+
+
+def test_the_model_fits_a_fixed_cost_and_a_per_token_cost():
+    model = StepTimeModel()
+    assert model.predict(10) is None
+    for tokens in (8, 72, 8, 136, 8, 40):
+        model.observe(tokens, 0.010 + 0.001 * tokens)
+    assert model.per_token == pytest.approx(0.001)
+    assert model.predict(0) == pytest.approx(0.010)
+    assert model.predict(200) == pytest.approx(0.210)
+
+
+def test_same_sized_steps_give_the_cautious_mean_per_token():
+    model = StepTimeModel()
+    for _ in range(5):
+        model.observe(20, 0.030)  # no spread in size: the fixed part cannot be told apart
+    assert model.per_token == pytest.approx(0.0015)
+    assert model.predict(20) == pytest.approx(0.030)
+
+
+def test_the_prefill_budget_shrinks_when_steps_run_long():
+    budget = StepBudget(0.050, floor=4, clock=FakeClock())
+    assert budget.prefill_tokens(8, limit=512) == 512  # nothing measured yet: the fixed budget
+    for tokens in (8, 40, 8, 40):
+        budget.model.observe(tokens, 0.010 + 0.001 * tokens)
+    assert budget.prefill_tokens(8, limit=512) == 32  # (50 - 18) ms at 1 ms a token
+    allowed = []
+    for _ in range(30):  # the machine gets twice as slow per token
+        for tokens in (8, 40):
+            budget.model.observe(tokens, 0.010 + 0.002 * tokens)
+        allowed.append(budget.prefill_tokens(8, limit=512))
+    assert allowed == sorted(allowed, reverse=True)
+    assert allowed[-1] == pytest.approx(12, abs=1)  # (50 - 26) ms at 2 ms a token
+    assert budget.prefill_tokens(8, limit=10) == 10  # never above the fixed budget
+
+
+def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
+    budget = StepBudget(0.050, floor=4, clock=FakeClock())
+    for tokens in (64, 96, 64, 96):
+        budget.model.observe(tokens, 0.001 * tokens)
+    decodes_s = 0.064  # 64 decodes alone take longer than the target
+    assert budget.prefill_tokens(64, limit=512) == int(MIN_PREFILL_SHARE * decodes_s / 0.001)
+    assert budget.prefill_tokens(2, limit=512) == 48  # fewer decodes: the target rules again
+
+
+def test_the_budget_times_a_step_between_schedule_and_read_back():
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+    budget.ended(10)  # nothing started: nothing learned
+    assert budget.model.steps == 0
+    budget.started()
+    clock.now += 0.020
+    budget.ended(10)
+    assert budget.model.predict(10) == pytest.approx(0.020)
+
+
+def make_scheduler(clock: FakeClock, target_s: float | None) -> Scheduler:
+    budget = None if target_s is None else StepBudget(target_s, floor=4, clock=clock)
+    return Scheduler(
+        BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512, step_budget=budget
+    )
+
+
+def decoding(sched: Scheduler, device: FakeDevice, count: int) -> list:
+    """`count` sequences past their prefill, decoding; the step-time fit has seen a few steps."""
+    seqs = [make_seq(f"d{i}", 6 + 10 * i) for i in range(count)]
+    for seq in seqs:
+        sched.add(seq)
+        device.run(sched)
+    for _ in range(3):
+        device.run(sched)
+    return seqs
+
+
+def test_a_long_prompt_is_split_so_decodes_keep_their_cadence():
+    clock = FakeClock()
+    device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
+    sched = make_scheduler(clock, target_s=0.020)
+    decoding(sched, device, 4)
+    sched.add(make_seq("long", 300))
+    steps = [device.run(sched) for _ in range(40)]
+    chunks = [n for work, _ in steps for r, n in work if r == "long"]
+    prefill = [n for n in chunks if n > 1]
+    assert sum(prefill) == 300 and len(prefill) >= 5  # split into many chunks
+    for work, took in steps:
+        assert [r for r, _ in work[:4]] == ["d0", "d1", "d2", "d3"]  # every decode, first
+        assert took <= 0.020 * 1.05  # no step ran much past the target
+
+
+def test_a_fixed_budget_runs_the_whole_prompt_in_one_long_step():
+    clock = FakeClock()
+    device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
+    sched = make_scheduler(clock, target_s=None)
+    decoding(sched, device, 4)
+    sched.add(make_seq("long", 300))
+    work, took = device.run(sched)
+    assert work[-1] == ("long", 300)
+    assert took > 0.020 * 7  # the step the decodes wait on
+
+
+def test_a_forked_choice_decodes_before_an_older_prompt_still_being_prefilled():
+    sched = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=10)
+    leader, prompt = make_seq("n2", 4, n=2), make_seq("long", 30)
+    child = make_seq("n2", 4, n=2, index=1)
+    sched.add(leader)
+    sched.add(prompt)
+    step = sched.schedule()
+    assert [(s.request_id, n) for s, n in step.work] == [("n2", 4), ("long", 6)]
+    sched.computed(step.work)
+    leader.append_token(7, None)
+    assert sched.fork(leader, child).running  # joins the running list after the long prompt
+    child.append_token(7, None)
+    step = sched.schedule()
+    assert [(s, n) for s, n in step.work] == [(leader, 1), (child, 1), (prompt, 8)]
+
+
+def test_an_engine_under_a_tight_target_splits_prompts_and_generates_the_same_text(tiny):
+    model, tokenizer = tiny
+    engines = [
+        Engine(
+            model,
+            tokenizer,
+            num_kv_blocks=96,
+            block_size=8,
+            max_num_batched_tokens=256,
+            step_time_target_s=target,
+        )
+        for target in (None, 1e-9)  # fixed budget; a target no step can meet
+    ]
+    texts = []
+    for engine in engines:
+        for i, ids in enumerate(prompts(tokenizer, 6, seed=3)):
+            submit(engine, f"r{i}", ids, max_tokens=12, temperature=0.0, ignore_eos=True)
+        events = run(engine)
+        texts.append({rid: text_of(evs) for rid, evs in events.items()})
+        assert_no_leaks(engine)
+    fixed, timed = engines
+    assert texts[0] == texts[1] and all(texts[0].values())
+    assert timed.stats().steps_total > fixed.stats().steps_total  # prompts went in smaller chunks

@@ -1,0 +1,104 @@
+"""How many tokens the next engine step may take so that it ends within a target time.
+
+A step's duration grows with its tokens: a fixed part (launches, Python, the decode attention
+setup) plus a per-token part. `StepTimeModel` fits `seconds = fixed + per_token x tokens` on the
+fly, as exponentially weighted least squares over the steps that ran, so it follows the device,
+the model, the batch's context lengths and a busy machine without a calibration run.
+`StepBudget` turns that fit into the share of a step prefill may take: decodes always run, and
+prefill chunks get the time left under the target. The clock is injected (tests drive a fake
+one); the engine times a step on the host around the point where the sampled tokens are read
+back anyway, so timing never adds a device sync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Clock = Callable[[], float]
+
+EWMA_WEIGHT = 0.1  # the newest step's share: about the last 20 steps count
+# NOTE: when decodes alone already outrun the target (a slow device, a big batch), prefill
+# still gets this share of the decodes' own time, so queued prompts keep moving and a step with
+# prefill stays within about 1.5x a decode-only step.
+MIN_PREFILL_SHARE = 0.5
+
+
+class StepTimeModel:
+    """Weighted least squares of step seconds against step tokens, newest steps weighing most."""
+
+    def __init__(self, weight: float = EWMA_WEIGHT) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], not {weight}")
+        self.weight = weight
+        self.steps = 0
+        self._x = self._y = self._xx = self._xy = 0.0  # weighted means of t, s, t^2, t*s
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One step ran `tokens` tokens in `seconds`."""
+        if tokens < 1 or seconds < 0:
+            return
+        w = 1.0 if self.steps == 0 else self.weight
+        self._x += w * (tokens - self._x)
+        self._y += w * (seconds - self._y)
+        self._xx += w * (tokens * tokens - self._xx)
+        self._xy += w * (tokens * seconds - self._xy)
+        self.steps += 1
+
+    @property
+    def per_token(self) -> float | None:
+        """Marginal seconds per token; None before the first step.
+
+        NOTE: clamped to [0, mean seconds per token] (the fixed part is never negative nor
+        above a whole step): while every step has had about the same size the slope is not
+        known, and the mean per-token time is the cautious guess; larger steps then teach it."""
+        if self.steps == 0:
+            return None
+        mean = self._y / self._x
+        variance = self._xx - self._x * self._x
+        if variance < 1.0:  # step sizes within about a token of each other: no slope to read
+            return mean
+        slope = (self._xy - self._x * self._y) / variance
+        return min(max(slope, 0.0), mean)
+
+    def predict(self, tokens: int) -> float | None:
+        """Expected seconds of a step of `tokens` tokens; None before the first step."""
+        slope = self.per_token
+        if slope is None:
+            return None
+        fixed = self._y - slope * self._x
+        return fixed + slope * tokens
+
+
+class StepBudget:
+    """The prefill tokens a step may add to its decodes and still end within `target_s`."""
+
+    def __init__(self, target_s: float, floor: int, clock: Clock = time.perf_counter) -> None:
+        if not target_s > 0:
+            raise ValueError(f"target_s must be positive, not {target_s}")
+        self.target_s = target_s
+        self.floor = max(1, floor)
+        self.clock = clock
+        self.model = StepTimeModel()
+        self._started: float | None = None
+
+    def prefill_tokens(self, decode_tokens: int, limit: int) -> int:
+        """Prefill tokens for a step with `decode_tokens` decodes, at most `limit`.
+
+        Never below `floor` (prompts always move), never above `limit` (the fixed budget)."""
+        slope = self.model.per_token
+        decodes_s = self.model.predict(decode_tokens)
+        if slope is None or decodes_s is None or slope <= 0:
+            return limit
+        room = max(self.target_s - decodes_s, MIN_PREFILL_SHARE * decodes_s)
+        return max(0, min(limit, max(self.floor, int(room / slope))))
+
+    def started(self) -> None:
+        """The step's work is decided; its time runs from here."""
+        self._started = self.clock()
+
+    def ended(self, tokens: int) -> None:
+        """The step's results are on the host: learn from how long its `tokens` took."""
+        if self._started is not None:
+            self.model.observe(tokens, self.clock() - self._started)
+        self._started = None
