@@ -6,7 +6,9 @@ alive and cancels never need to travel.
 
 Memory is bounded by bytes, not only by counts and age: a run keeps at most `max_event_bytes`
 of events (older ones are dropped, so a resume from before them is a 410), and ended runs
-together hold at most `retention_bytes` (the oldest ended runs go first).
+together hold at most `retention_bytes` (the oldest ended runs go first). A live run's events are
+a deque of tuples (cheap to append to); when it ends they are packed into a `CompactLog`, a few
+flat buffers, so thousands of retained runs cost their bytes and almost no objects.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from gateway.runs.compact_log import CompactLog
 from gateway.runs.status import RunStatus, can_advance
 from gateway.runs.store import (
     Chunk,
@@ -29,13 +32,13 @@ from gateway.runs.store import (
     UnknownRun,
 )
 
-EVENT_OVERHEAD = 120  # bytes an event costs beyond its payload (tuple, int, chunk, bytes)
+EVENT_OVERHEAD = 120  # bytes a live event costs beyond its payload (tuple, int, chunk, bytes)
 
 
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
-    events: deque[LogEvent] = field(default_factory=deque)
+    events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     followers: int = 0
     event_bytes: int = 0
@@ -103,6 +106,7 @@ class MemoryRunStore:
             return False
         if final is not None:
             self._append(entry, [final])
+        self._pack(entry)
         entry.record.status = terminal.status
         entry.record.terminal = terminal
         self._ended[run_id] = time.monotonic()
@@ -120,9 +124,17 @@ class MemoryRunStore:
             self._notify(entry)
         return seq
 
+    @staticmethod
+    def _pack(entry: _Entry) -> None:
+        """The run has ended: its log takes nothing more, so keep it packed from now on."""
+        packed = CompactLog.pack(entry.events)
+        entry.events = packed
+        entry.event_bytes = packed.size
+
     def _append(self, entry: _Entry, chunks: list[Chunk]) -> int:
         seq = entry.record.last_seq
         events = entry.events
+        assert isinstance(events, deque), "an ended run's log takes no events"
         for payload, text, index in chunks:
             seq += 1
             events.append((seq, payload, text, index))
