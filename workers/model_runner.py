@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan
+from workers.fused_layers import fuse_projections
 from workers.kv_cache import KVCache
 from workers.request import SequenceState
 
@@ -24,6 +25,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = cache.shape.dtype
         self.block_size = cache.block_size
+        fuse_projections(model)
         model.set_attn_implementation(ATTENTION_NAME)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
@@ -63,7 +65,8 @@ class ModelRunner:
     def execute(
         self, work: list[tuple[SequenceState, int]]
     ) -> tuple[list[SequenceState], torch.Tensor]:
-        """Run one step; return the sequences that sample next and their logits rows [R, V]."""
+        """Run one step; return the sequences that sample next and their logits rows [R, V]:
+        one row each, or 1 + len(seq.draft) consecutive rows for a sequence verifying a draft."""
         decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
         prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
         ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]
@@ -84,8 +87,8 @@ class ModelRunner:
             slots += self._slots(seq, done, done + new)
             batch.prefills.append(self._prefill_span(seq, start, new))
             if done + new == len(seq.all_ids):
-                samplers.append(seq)
-                keep.append(len(ids) - 1)
+                samplers.append(seq)  # a draft's verification: a logits row per position
+                keep += range(len(ids) - 1 - len(seq.draft), len(ids))
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
