@@ -15,12 +15,21 @@ from adapters.pool import PoolAdapter
 from gateway.app_keys import AUTH, CATALOG, DRAIN, HEALTH, METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.backend_health import BackendHealth
 from gateway.backends import local_workers, member_adapters, routed_backends
+from gateway.cors import add_cors_headers, preflight
 from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.drain import SETTLE_MARGIN, Drain
+from gateway.follow_access import follow_tokens_ctx
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
+from gateway.handlers.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
@@ -94,7 +103,8 @@ async def _drain_then_close_streams(app: web.Application) -> None:
 def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web.Application:
     """The gateway app. `adapters` replaces the backends named in `settings` (tests)."""
     app = web.Application(
-        middlewares=[request_context, authenticate], client_max_size=settings.max_body_bytes
+        middlewares=[preflight, request_context, authenticate],
+        client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics()
@@ -104,12 +114,19 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app[DRAIN] = Drain(settings.shutdown_timeout, settings.cancel_confirm_timeout + SETTLE_MARGIN)
     app.cleanup_ctx.append(_backends(adapters))
     app.cleanup_ctx.append(shared_state)  # after the backends: closed before them
+    app.cleanup_ctx.append(follow_tokens_ctx)  # its secret may come from Redis
     app.cleanup_ctx.append(watch_tenants_file)
     app.on_response_prepare.append(add_request_id)
+    app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(_drain_then_close_streams)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/chat/completions/{id}", retrieve_chat_completion)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_chat_completion)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{id}", retrieve_response)
+    app.router.add_post("/v1/responses/{id}/cancel", cancel_response)
+    app.router.add_delete("/v1/responses/{id}", delete_response)
+    app.router.add_get("/v1/responses/{id}/input_items", list_input_items)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/healthz", healthz)

@@ -9,6 +9,7 @@ from aiohttp import web
 from adapters.catalog import Catalog
 from gateway.backend_health import BackendHealth
 from gateway.drain import Drain
+from gateway.follow_tokens import FollowTokens
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.redis_client import SharedRedis
@@ -33,6 +34,7 @@ LEDGER = web.AppKey("ledger", UsageLedger)
 REDIS = web.AppKey("redis", SharedRedis)  # only with --redis-url
 DEFERRED = web.AppKey("deferred", DeferredWrites)
 DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
+FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -41,3 +43,4 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 TENANT = web.RequestKey("tenant", Tenant)
 MODEL_LABEL = web.RequestKey("model_label", str)
 RATE_HEADERS = web.RequestKey("rate_headers", dict)  # x-ratelimit-* for this response
+FOLLOW_TOKEN = web.RequestKey("follow_token", str)  # the ?token= that authenticated it

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.pool_routing import ROUTINGS
+from gateway.gc_policy import settle_for_serving
 from gateway.http_server import GatewayRunner
 from gateway.settings import Settings, load_settings
 from policies.auth import generate_key
@@ -35,6 +36,25 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="an OpenAI-compatible server that serves model NAME",
     )
     _add_run_arguments(p)
+    _add_browser_arguments(p)
+
+
+def _add_browser_arguments(p: argparse.ArgumentParser) -> None:
+    """What browsers may do: follow a run by its token, call from other origins."""
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (scheme://host[:port], or '*') allowed to call the API; "
+        "repeatable; none by default",
+    )
+    p.add_argument(
+        "--follow-token-ttl",
+        type=float,
+        help="seconds a run's follow token (?token=) can read it (default 3600); its secret "
+        "comes from SLUICE_FOLLOW_TOKEN_SECRET",
+    )
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,6 +161,7 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
     await runner.setup()  # starts the workers and adapters
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
+    settle_for_serving()  # NOTE: after start-up, so what it built is frozen (gateway/gc_policy.py)
     if generated_key:
         models = app[CATALOG].models()
         print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)

@@ -24,6 +24,7 @@ from gateway.app_keys import (
     TENANT,
 )
 from gateway.errors import APIError, internal_error, invalid_api_key, overloaded
+from gateway.follow_access import token_principal
 from gateway.runs.store import StoreUnavailable
 
 log = structlog.get_logger("sluice.gateway")
@@ -80,10 +81,13 @@ def _count(request: web.Request, status: int) -> None:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every `/v1/` route needs a valid bearer credential of a known tenant."""
+    """Every `/v1/` route needs a valid bearer credential of a known tenant; a run's GET routes
+    also take that run's follow token (gateway/follow_access.py)."""
     if request.path.startswith("/v1/"):
         auth = request.app[AUTH]
-        principal = auth.authenticate(request.headers.get("Authorization"))
+        principal = token_principal(request) or auth.authenticate(
+            request.headers.get("Authorization")
+        )
         if principal is None:
             raise invalid_api_key()
         try:

@@ -58,6 +58,9 @@ class Settings:
     shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
     pool_routing: str = "affinity"  # affinity | least_load | random (adapters/pool_routing.py)
     worker_start_timeout: float = 300.0
+    follow_token_ttl: float = 3600.0  # seconds a run's follow token lets a browser read it
+    follow_token_secret: str | None = None  # env or --config only (gateway/follow_access.py)
+    cors_origin: list[str] = field(default_factory=list)  # browser origins allowed (or "*")
     log_level: str = "info"
 
     @property

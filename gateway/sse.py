@@ -1,11 +1,11 @@
 """The one SSE writer every stream goes through.
 
-Framing (design §3): `id: <seq>` and `data: <json>` then a blank line per event, where `seq` is
-the event's number in the run's log (so `Last-Event-ID` resumes exactly); `: ping` comment lines
-while idle; the stream always ends with `data: [DONE]`. Frames produced together are written in
-one call. The writer also times how long writes wait on the client (a slow reader fills the
-socket buffer and `write` blocks): that time is the client's, not generation's, and past
-`write_timeout` the client counts as gone.
+Framing (design §3): a `retry:` hint first, then `id: <seq>` and `data: <json>` and a blank line
+per event, where `seq` is the event's number in the run's log (so `Last-Event-ID` resumes
+exactly); `: ping` comment lines while idle; the stream always ends with `data: [DONE]`. Frames
+produced together are written in one call. The writer also times how long writes wait on the
+client (a slow reader fills the socket buffer and `write` blocks): that time is the client's, not
+generation's, and past `write_timeout` the client counts as gone.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ SSE_HEADERS = {
 # caller an event with empty data, which it fails to parse as JSON. The comment line still keeps
 # proxies from timing the stream out, and is ignored inside the next event.
 PING = b": ping\n"
+# The reconnection delay a browser's EventSource waits after a dropped stream. Like a ping, one
+# line with no blank line after it, at the start of every stream: decoders apply it at once
+# (WHATWG) or keep it for the first event (the openai SDK), and neither sees an event of its own.
+RETRY_MS = 1000
+RETRY = b"retry: %d\n" % RETRY_MS
 DONE = b"data: [DONE]\n\n"
 _BLOCKED = 0.001  # a write that took longer than this waited on the client
 
@@ -92,8 +97,7 @@ class SSEWriter:
         response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
         writer = cls(response, ping_interval, write_timeout, request.transport)
-        if first:
-            await writer.send(first)
+        await writer.send(first or [], preamble=RETRY)
         if ping_interval > 0:
             writer._wait_for_idle(ping_interval)
         return writer
@@ -102,12 +106,13 @@ class SSEWriter:
     def response(self) -> web.StreamResponse:
         return self._response
 
-    async def send(self, events: LogEvents) -> None:
-        """Frame each (seq, chunk) event and write them all at once."""
+    async def send(self, events: LogEvents, preamble: bytes = b"") -> None:
+        """Frame each (seq, chunk) event and write them all at once, after `preamble`."""
         if events:
             self.last_seq = events[-1][0]
-            frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]
-            await self._write(b"".join(frames))
+        frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]
+        if preamble or frames:
+            await self._write(preamble + b"".join(frames))
 
     async def send_error(self, error: dict) -> None:
         """An error that is not an event of the run (it gets no id)."""

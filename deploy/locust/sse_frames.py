@@ -1,10 +1,10 @@
 """A streamed chat completion as a client reads it: SSE frames parsed by hand, checked one by one.
 
-sluicegate's framing (design §4): `id: <seq>` then `data: <chunk JSON>` and a blank line per event,
-`: ping` comment lines while idle, a failure after the start as one `data: {"error": …}` frame
-(no id), and always `data: [DONE]` last. Every departure from that is a `StreamViolation`, which
-the load users report as a failure. Frames are timed as their blank line arrives, so TTFT and
-inter-token gaps are what a client would see.
+sluicegate's framing (design §4): a `retry:` hint first, `id: <seq>` then `data: <chunk JSON>` and
+a blank line per event, `: ping` comment lines while idle, a failure after the start as one
+`data: {"error": …}` frame (no id), and always `data: [DONE]` last. Every departure from that is
+a `StreamViolation`, which the load users report as a failure. Frames are timed as their blank
+line arrives, so TTFT and inter-token gaps are what a client would see.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def parse_frames(chunks: Iterable[bytes]) -> Iterator[Frame]:
                 event_id = int(value)
             elif name == b"data":
                 data.append(value.decode("utf-8"))
+            elif name == b"retry":  # the reconnection hint a stream opens with
+                if not value.isdigit():
+                    raise StreamViolation(f"malformed retry line {line[:60]!r}")
             else:
                 raise StreamViolation(f"malformed frame: unexpected line {line[:60]!r}")
     if buf.strip() or data:

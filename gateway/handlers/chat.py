@@ -9,8 +9,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 
 from gateway.answers import answer
-from gateway.app_keys import DRAIN, SETTINGS
+from gateway.app_keys import DRAIN, PRINCIPAL, SETTINGS
 from gateway.errors import APIError, invalid_request
+from gateway.follow_access import HEADER, follow_token
 from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
 from gateway.run_life import RunLife
@@ -22,6 +23,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     chat = parse_chat_request(body)
     opened = await RunLife(request, chat, body).open()
+    if opened.ending is None:  # a run still kept: a browser may follow it by its token
+        opened.headers[HEADER] = follow_token(request, opened.run_id, request[PRINCIPAL].tenant)
     return await answer(request, opened, chat)
 
 

@@ -1,6 +1,8 @@
 """The run endpoints (design §4): retrieve, resume, cancel — each only for the run's tenant.
 
-Another tenant's run id gets the same 404 as an unknown one, so ids cannot be probed.
+Another tenant's run id gets the same 404 as an unknown one, so ids cannot be probed. Retrieve
+and resume also take the run's follow token (`?token=`, gateway/follow_access.py) in place of
+a credential; cancel does not.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from aiohttp import web
 from gateway.answers import stream_run
 from gateway.app_keys import METRICS, PRINCIPAL, RUNS
 from gateway.errors import APIError, invalid_request
+from gateway.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.runs.status import PUBLIC_STATUS
 from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
 
@@ -56,16 +59,18 @@ def run_object(record: RunRecord) -> dict[str, Any]:
     return body
 
 
-def _json(body: dict[str, Any]) -> web.Response:
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json", headers=headers)
 
 
-def _resume_point(request: web.Request) -> int:
-    """`starting_after` (query) or `Last-Event-ID` (header): the last event the client has."""
-    raw = request.query.get("starting_after")
-    param = "starting_after"
+def resume_point(request: web.Request) -> int:
+    """`Last-Event-ID` (header) or `starting_after` (query): the last event the client has.
+    NOTE: the header wins: an `EventSource` opened on a URL with `starting_after` sends the
+    header when it reconnects, naming what it got since, while the URL still says the first."""
+    raw = request.headers.get("Last-Event-ID")
+    param = "Last-Event-ID"
     if raw is None:
-        raw, param = request.headers.get("Last-Event-ID"), "Last-Event-ID"
+        raw, param = request.query.get("starting_after"), "starting_after"
     if raw is None or raw == "":
         return 0
     if not raw.isdigit():
@@ -73,21 +78,35 @@ def _resume_point(request: web.Request) -> int:
     return int(raw)
 
 
+def nothing_after(record: RunRecord, after: int) -> bool:
+    """Whether a resume after event `after` has nothing left to send: the run has ended and
+    the client has its last event. Such a resume answers 204, which (unlike a stream of just
+    `[DONE]`) makes a browser's `EventSource` stop reconnecting."""
+    return record.status.is_terminal and after >= record.last_seq
+
+
+@accepts_follow_token
 async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
     """`GET /v1/chat/completions/{id}`, or with `?stream=true` a resume of its stream."""
     stream = request.query.get("stream", "false").lower()
     if stream not in ("true", "false"):
         raise invalid_request("stream", "'stream' must be true or false.")
     if stream == "false":
-        return _json(run_object(await _owned_run(request)))
+        record = await _owned_run(request)
+        token = follow_token(request, record.run_id, record.tenant)
+        body = run_object(record) | {"follow_token": token}
+        return _json(body, {HEADER: token})
     resumes = request.app[METRICS].resumes
-    after = _resume_point(request)
+    after = resume_point(request)
     try:
         record = await _owned_run(request)
     except APIError:
         resumes.labels("not_found").inc()
         raise
     outcome = "replayed" if record.status.is_terminal else "live"
+    if nothing_after(record, after):
+        resumes.labels(outcome).inc()
+        return web.Response(status=204)
     try:
         response = await stream_run(request, record, after, resume=True)
     except asyncio.CancelledError:  # a resume all the same, whose client went away again

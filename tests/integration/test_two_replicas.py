@@ -215,7 +215,7 @@ def test_stream_started_on_a_resumes_on_b(replica_a, replica_b, model):
     for seq, data in head + tail[:-1]:
         seen += text_of([(seq, data)])
         texts_after[seq] = expected[len(seen) :]
-    points = seqs[:: max(1, len(seqs) // 8)]
+    points = seqs[: -1 : max(1, len(seqs) // 8)]  # after the last one: 204, checked below
     for i, point in enumerate(points):
         replica = (replica_a, replica_b)[i % 2]
         rest = resume(replica, run_id, point, header=i % 4 == 1)  # some through Last-Event-ID
@@ -223,6 +223,10 @@ def test_stream_started_on_a_resumes_on_b(replica_a, replica_b, model):
         ids = [seq for seq, _ in rest[:-1]]
         assert ids[0] > point and increasing(ids)
         assert text_of(rest) == texts_after[point], f"resume after {point} on {replica.root}"
+    for replica in (replica_a, replica_b):  # the run's end: nothing to resume, on either one
+        params, headers = resume_request(seqs[-1], False, AUTH)
+        ended = httpx.get(replica.run_url(run_id), params=params, headers=headers, timeout=10)
+        assert ended.status_code == 204
 
     stored = httpx.get(replica_b.run_url(run_id), headers=AUTH, timeout=10).json()
     assert stored["status"] == "completed"

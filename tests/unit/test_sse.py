@@ -44,6 +44,7 @@ async def test_frames_decode_with_ids_and_done(aiohttp_client):
 
     raw, headers = await read_all(await aiohttp_client(writer_app(script)))
     assert raw == (
+        b"retry: 1000\n"  # EventSource's reconnection delay, no event of its own
         b'id: 1\ndata: {"n":1}\n\n'
         b'id: 2\ndata: {"n":"\xe4\xbd\xa0\xe5\xa5\xbd"}\n\n'
         b'id: 3\ndata: {"n":3}\n\n'
@@ -53,6 +54,7 @@ async def test_frames_decode_with_ids_and_done(aiohttp_client):
     # `[DONE]` carries no id of its own; the SSE spec keeps the last one
     assert [e.id for e in events] == ["1", "2", "3", "3"]
     assert [e.data for e in events] == ['{"n":1}', '{"n":"你好"}', '{"n":3}', "[DONE]"]
+    assert events[0].retry == 1000
     assert headers["Content-Type"].startswith("text/event-stream")
     assert headers["Cache-Control"] == "no-cache"
     assert headers["X-Accel-Buffering"] == "no"
@@ -92,7 +94,7 @@ async def test_idle_stream_gets_ping_comments(aiohttp_client):
     assert [e.data for e in decode(raw)] == ["{}", "{}", "[DONE]"]
     # and never inside a frame
     assert all(
-        frame.startswith((b"id: ", b": ping\n", b"data: [DONE]"))
+        frame.startswith((b"retry: ", b"id: ", b": ping\n", b"data: [DONE]"))
         for frame in raw.split(b"\n\n")
         if frame
     )
