@@ -17,7 +17,7 @@ SSE = "text/event-stream"
 
 _ERROR_TEXT = {
     400: "A malformed body or a bad value; `param` names the field.",
-    401: "No valid API key or JWT.",
+    401: "No valid API key or JWT (or, on a run's GET routes, no valid follow token).",
     403: "The credential's tenant may not use this model.",
     404: "No such model, or no such run for this tenant (another tenant's run id included).",
     408: "The request body did not arrive within the body timeout.",
@@ -49,14 +49,36 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 _RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+# A run's GET routes (gateway/follow_access.py): its follow token in place of a credential.
+FOLLOW_TOKEN_PARAM = {
+    "name": "token",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "The run's follow token (`x-follow-token`), in place of a credential: it "
+    "reads this run only (for an `EventSource`, which cannot send `Authorization`).",
+}
+FOLLOW_TOKEN_HEADER = {
+    "x-follow-token": {
+        "description": "A run-scoped, expiring token that reads this run (`?token=`).",
+        "schema": {"type": "string"},
+    }
+}
+NOTHING_AFTER = {
+    "description": "A resume (`stream=true`) at or after the last event of a run that has "
+    "ended: nothing more will come (an `EventSource` stops reconnecting)."
+}
 
 
 def _get(op_id: str, responses: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {"get": {"operationId": op_id, **more, "responses": responses}}
 
 
-def _answer(description: str, content: dict[str, Any]) -> dict[str, Any]:
-    return {"description": description, "content": content}
+def _answer(
+    description: str, content: dict[str, Any], headers: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    answer = {"description": description, "content": content}
+    return answer if headers is None else answer | {"headers": headers}
 
 
 def _chat_paths() -> dict[str, Any]:
@@ -85,7 +107,7 @@ def _chat_paths() -> dict[str, Any]:
             "content": {JSON: {"schema": ref("ChatCompletionRequest")}},
         },
         "responses": {
-            "200": _answer("The completion.", either),
+            "200": _answer("The completion.", either, FOLLOW_TOKEN_HEADER),
             **_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 502, 503, 504),
         },
     }
@@ -97,9 +119,14 @@ def _chat_paths() -> dict[str, Any]:
     }
     retrieve = _get(
         "retrieveChatCompletion",
-        {"200": _answer("The run.", either), **_errors(400, 401, 404, 410, 503)},
-        summary="The run's object with its status, or (`stream=true`) its events.",
-        parameters=[_RUN_ID, stream, starting_after],
+        {
+            "200": _answer("The run.", either, FOLLOW_TOKEN_HEADER),
+            "204": NOTHING_AFTER,
+            **_errors(400, 401, 404, 410, 503),
+        },
+        summary="The run's object with its status and `follow_token`, or (`stream=true`) its "
+        "events; the `Last-Event-ID` header, when sent, wins over `starting_after`.",
+        parameters=[_RUN_ID, stream, starting_after, FOLLOW_TOKEN_PARAM],
     )
     return {
         "/v1/chat/completions": {"post": create},

@@ -217,6 +217,10 @@ def _chat_completion() -> dict[str, Any]:
                 "enum": ["queued", "in_progress", "completed", "cancelled", "timed_out", "failed"],
                 "description": "The run's status (on a retrieved run).",
             },
+            "follow_token": {
+                "type": "string",
+                "description": "A token that reads this run by `?token=` (on a retrieved run).",
+            },
         },
     }
 
