@@ -23,6 +23,13 @@ from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
+from gateway.handlers.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
 from gateway.metrics import GatewayMetrics
 from gateway.middlewares import add_request_id, authenticate, request_context
@@ -115,6 +122,11 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/chat/completions/{id}", retrieve_chat_completion)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_chat_completion)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{id}", retrieve_response)
+    app.router.add_post("/v1/responses/{id}/cancel", cancel_response)
+    app.router.add_delete("/v1/responses/{id}", delete_response)
+    app.router.add_get("/v1/responses/{id}/input_items", list_input_items)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/healthz", healthz)

@@ -51,9 +51,18 @@ class Opened:
 
 
 class RunLife:
-    def __init__(self, request: web.Request, chat: ChatRequest, body: dict) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        chat: ChatRequest,
+        body: dict,
+        *,
+        run_id: str | None = None,
+        meta: dict | None = None,
+    ) -> None:
         """Checks the request for its tenant (model, access, caps, a ready backend): an
-        APIError here means nothing was claimed or reserved."""
+        APIError here means nothing was claimed or reserved. `run_id` and `meta` are a
+        Responses request's (its `resp_` id, its fields kept with the run record)."""
         self.app = request.app
         self.request = request
         self.tenant = request[TENANT]
@@ -66,7 +75,7 @@ class RunLife:
         chat.shared_system_prompt = opens_with_shared_prompt(chat.messages, shared)
         self.key = replays.idempotency_key(request)
         self.spec = RunSpec(
-            run_id=new_run_id(),
+            run_id=run_id or new_run_id(),
             chat=chat,
             adapter=adapter,
             tenant=self.tenant.name,
@@ -74,6 +83,7 @@ class RunLife:
             deadlines=self.app[SETTINGS].deadlines(self.tenant.deadlines),
             started=request[STARTED],
             safety=self.tenant.safety,
+            meta=meta or {},
         )
         self.admission: Admission | None = None
 
@@ -127,7 +137,8 @@ class RunLife:
         if opening.cancelled() or opening.exception() is not None:
             return
         opened = opening.result()
-        if opened.run_id == self.spec.run_id:  # ours, not a replay's: nobody will read it
+        background = self.spec.meta.get("background", False)  # read later, by its id
+        if opened.run_id == self.spec.run_id and not background:  # ours: nobody will read it
             self.app[RUNS].cancel_here(opened.run_id, "disconnect")
 
     async def settle(self, outcome: RunOutcome) -> None:

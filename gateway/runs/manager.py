@@ -137,6 +137,7 @@ class RunManager:
         record = RunRecord(
             spec.run_id, spec.tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
+        record.meta.update(spec.meta)
         if spec.safety is not None:  # what policy judged this run's text (design §3)
             record.meta["safety"] = {"policy": spec.safety.name, "digest": spec.safety.digest}
         await self.store.create(record)
@@ -253,7 +254,12 @@ class RunManager:
         self._grace.pop(run_id, None)
         try:
             record = await self.store.get(run_id)
-            if not record.status.is_terminal and await self.followers(run_id) == 0:
+            background = record.meta.get("background", False)  # runs with nobody attached
+            if (
+                not record.status.is_terminal
+                and not background
+                and await self.followers(run_id) == 0
+            ):
                 await self.cancel(run_id, "disconnect")
         except StoreUnavailable:  # ask again when the store is back
             await self.health.back()

@@ -8,6 +8,7 @@ run-end log line, the usage ledger and the idempotency key all read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
@@ -27,6 +28,9 @@ class RunSpec:
     deadlines: Deadlines = field(default_factory=Deadlines)
     started: float = 0.0  # time.monotonic() when the request was received
     safety: SafetyPolicy | None = None  # the tenant's policy, as it was when the run began
+    # kept with the run record: a Responses run's fields; `background` (true) exempts the run
+    # from the disconnect grace, since no client is meant to stay attached
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
