@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.pool_routing import ROUTINGS
+from gateway.gc_policy import settle_for_serving
 from gateway.http_server import GatewayRunner
 from gateway.settings import Settings, load_settings
 from policies.auth import generate_key
@@ -160,6 +161,7 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
     await runner.setup()  # starts the workers and adapters
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
+    settle_for_serving()  # NOTE: after start-up, so what it built is frozen (gateway/gc_policy.py)
     if generated_key:
         models = app[CATALOG].models()
         print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)
