@@ -85,7 +85,10 @@ class StepBudget:
     def prefill_tokens(self, decode_tokens: int, limit: int) -> int:
         """Prefill tokens for a step with `decode_tokens` decodes, at most `limit`.
 
-        Never below `floor` (prompts always move), never above `limit` (the fixed budget)."""
+        Never below `floor` (prompts always move), never above `limit` (the fixed budget); all
+        of `limit` when no decode runs (no cadence to keep) or nothing has been measured yet."""
+        if decode_tokens == 0:
+            return limit
         slope = self.model.per_token
         decodes_s = self.model.predict(decode_tokens)
         if slope is None or decodes_s is None or slope <= 0:

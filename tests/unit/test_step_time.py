@@ -72,6 +72,7 @@ def test_the_prefill_budget_shrinks_when_steps_run_long():
     assert allowed == sorted(allowed, reverse=True)
     assert allowed[-1] == pytest.approx(12, abs=1)  # (50 - 26) ms at 2 ms a token
     assert budget.prefill_tokens(8, limit=10) == 10  # never above the fixed budget
+    assert budget.prefill_tokens(0, limit=512) == 512  # no decode waits: prefill takes it all
 
 
 def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
