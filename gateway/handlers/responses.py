@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.answers import following
 from gateway.app_keys import DRAIN, METRICS, PRINCIPAL, RUNS
 from gateway.errors import APIError, invalid_request, terminal_error
+from gateway.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.handlers.chat import read_json
 from gateway.handlers.runs import CANCEL_WAIT
 from gateway.protocol import parse_chat_request
@@ -31,7 +32,7 @@ from gateway.responses.objects import (
     tombstone,
 )
 from gateway.responses.request import ResponseParams, chat_body, renamed, response_params
-from gateway.responses.stream import stream_response
+from gateway.responses.stream import last_sequence, stream_response
 from gateway.run_life import RunLife
 from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
 
@@ -100,12 +101,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     opened = await life.open()
     if opened.ending is not None:  # its Idempotency-Key's run is no longer kept
         raise _expired(opened.run_id)
+    token = opened.headers[HEADER] = follow_token(request, opened.run_id, life.tenant.name)
     runs = request.app[RUNS]
     record = await runs.get(opened.run_id)
     if params.stream:
-        return await stream_response(request, record, -1, opened.headers or None, opening=True)
+        try:
+            return await stream_response(request, record, -1, opened.headers, opening=True)
+        except APIError as exc:  # refused by the backend before its first event
+            raise renamed(exc) from None
     if params.background:
-        return _json(await current_object(runs, record), opened.headers)
+        return _json(await current_object(runs, record) | {"follow_token": token}, opened.headers)
     try:
         async with following(runs, record.run_id):
             terminal = await runs.result(record.run_id)
@@ -113,8 +118,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         request.app[METRICS].disconnects.inc()
         raise
     if terminal.refused:
-        raise terminal_error(terminal)
-    return _json(ended_object(record, terminal), opened.headers)
+        raise renamed(terminal_error(terminal))
+    return _json(ended_object(record, terminal) | {"follow_token": token}, opened.headers)
 
 
 def _expired(run_id: str) -> APIError:
@@ -140,8 +145,11 @@ def _starting_after(request: web.Request) -> int:
     return int(raw)
 
 
+@accepts_follow_token
 async def retrieve_response(request: web.Request) -> web.StreamResponse:
-    """`GET /v1/responses/{id}`, or with `?stream=true` its events after `starting_after`."""
+    """`GET /v1/responses/{id}`, or with `?stream=true` its events after `starting_after`
+    (204 when the response has ended and the client has its last event: `EventSource` stops).
+    A follow token (`?token=`) reads it too."""
     stream = request.query.get("stream", "false").lower()
     if stream not in ("true", "false"):
         raise invalid_request("stream", "'stream' must be true or false.")
@@ -149,10 +157,14 @@ async def retrieve_response(request: web.Request) -> web.StreamResponse:
     record = await owned_response(request, request.match_info["id"])
     runs = request.app[RUNS]
     if stream == "false":
-        return _json(await current_object(runs, record))
+        token = follow_token(request, record.run_id, record.tenant)
+        return _json(await current_object(runs, record) | {"follow_token": token}, {HEADER: token})
     resumes = request.app[METRICS].resumes
     outcome = "replayed" if record.status.is_terminal else "live"
     try:
+        if record.status.is_terminal and after >= await last_sequence(runs, record):
+            resumes.labels(outcome).inc()
+            return web.Response(status=204)
         response = await stream_response(request, record, after)
     except ResumeWindowExpired:
         resumes.labels("expired").inc()
@@ -197,6 +209,7 @@ def _limit(request: web.Request) -> int:
     return int(raw)
 
 
+@accepts_follow_token
 async def list_input_items(request: web.Request) -> web.Response:
     """`GET /v1/responses/{id}/input_items`: the items of its `input`, paged by `after`."""
     order = request.query.get("order", "desc")

@@ -19,6 +19,7 @@ from gateway.answers import FOLLOW_BATCH, following
 from gateway.app_keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.errors import terminal_error
 from gateway.responses.objects import renderer_for
+from gateway.runs.manager import RunManager
 from gateway.runs.store import LogEvents, RunRecord
 from gateway.sse import SlowClient, SSEWriter
 
@@ -122,3 +123,13 @@ async def _follow(
 
 def _render(renderer: Any, batch: LogEvents) -> list[dict[str, Any]]:
     return [event for _, payload, _, _ in batch for event in renderer.feed(payload)]
+
+
+async def last_sequence(runs: RunManager, record: RunRecord) -> int:
+    """The `sequence_number` an ended response's stream ends with (its terminal event).
+    Raises ResumeWindowExpired when its log's start is no longer kept."""
+    renderer = renderer_for(record)
+    renderer.opening()
+    _render(renderer, await runs.store.read(record.run_id, 0))
+    renderer.ending(record.terminal)
+    return renderer.sequence - 1
