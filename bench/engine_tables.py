@@ -1,0 +1,130 @@
+"""The engine benchmark's tables: one line per row and concurrency, the ratios between rows,
+and what each engine row generated, sent and committed (goodput).
+
+  %peak      GFLOP_PER_TOKEN x tok/s / best 1024^3 torch.matmul GFLOP/s in that dtype
+  RSS MiB    peak RSS (VmHWM, reset before each concurrency) of the row's process, model included
+  ITL p99/p50  how much the slowest gaps exceed the typical one (prefill stalling decodes)
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from engine_cells import CellRun
+from engine_rows import ENGINE_ROWS
+
+GFLOP_PER_TOKEN = 0.27  # ~2 x 135M parameters, SmolLM2-135M
+ROWS = {
+    "a": "generate, one at a time",
+    "b": "generate, static batch",
+    "c": "transformers CB",
+    "d": "sluicegate engine",
+    "d-fixed": "engine, no target",
+    "e": "engine, --compare tree",
+    "f": "engine + JSON schema",
+}
+
+
+def label(row: str) -> str:
+    return f"({row}) {ROWS[row]}"
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _line(label: str, res: dict[str, Any], gflops: float) -> str:
+    peak = GFLOP_PER_TOKEN * res["tok_s"] / gflops * 100
+    check = f"{res['counts']} ok" if res["counts_ok"] else f"MISMATCH {res['counts']}"
+    if res["errors"]:
+        check += f" errors {res['errors']}"
+    return (
+        f"{label:<28}{res['concurrency']:>4}{res['requests']:>6}{res['tok_s']:>9.1f}"
+        f"{_fmt(res['ttft_p50']):>10}{_fmt(res['ttft_p99']):>8}"
+        f"{_fmt(res['itl_p50'], '.1f'):>9}{_fmt(res['itl_p99'], '.1f'):>8}"
+        f"{_fmt(_ratio(res['itl_p99'], res['itl_p50']), '.2f'):>8}"
+        f"{peak:>6.1f}%{res['rss_mib']:>9.0f}  {check}"
+    )
+
+
+def print_tables(args: argparse.Namespace, runs: list[CellRun], gflops: dict[str, float]) -> None:
+    head = (
+        f"{'row':<28}{'c':>4}{'reqs':>6}{'tok/s':>9}{'TTFT p50':>10}{'p99':>8}"
+        f"{'ITL p50':>9}{'p99':>8}{'p99/p50':>8}{'%peak':>7}{'RSS MiB':>9}  tokens/request"
+    )
+    for dtype in args.dtype:
+        mine = [r for r in runs if r.dtype == dtype]
+        print(f"\n== {dtype} | {workload(args)} | matmul {gflops[dtype]:.1f} GFLOP/s | ms ==")
+        print(head)
+        for run in mine:
+            for res in run.results:
+                print(_line(label(run.row), res, gflops[dtype]))
+            if run.failure:
+                print(f"{label(run.row):<28} FAILED {run.failure}")
+        if "a" in args.rows and "b" in args.rows and 1 in args.concurrency:
+            print("(b) at c=1 is (a): not run twice")
+        for run in mine:
+            if run.results and run.row not in ("a", "b"):
+                last = run.results[-1]
+                shown = " ".join(f"{k}={v}" for k, v in last["settings"].items())
+                print(f"({run.row}) settings at c={last['concurrency']}: {shown}")
+        print_ratios(args, mine)
+        print_goodput(mine)
+
+
+def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
+    by = {(r.row, res["concurrency"]): res["tok_s"] for r in runs for res in r.results}
+    cols = args.concurrency
+    print(f"\n{'tok/s ratio':<36}" + "".join(f"{'c=' + str(c):>9}" for c in cols))
+    base = by.get(("a", 1))
+    lines = {
+        "engine / transformers CB": [(by.get(("d", c)), by.get(("c", c))) for c in cols],
+        "engine / generate (a, c=1)": [(by.get(("d", c)), base) for c in cols],
+        "engine / engine of --compare": [(by.get(("d", c)), by.get(("e", c))) for c in cols],
+        "target / fixed budget (d / d-fixed)": [
+            (by.get(("d", c)), by.get(("d-fixed", c))) for c in cols
+        ],
+        "JSON schema / free (f / d)": [(by.get(("f", c)), by.get(("d", c))) for c in cols],
+        "transformers CB / generate (a)": [(by.get(("c", c)), base) for c in cols],
+    }
+    for name, pairs in lines.items():
+        cells = [f"{n / d:>8.2f}x" if n and d else f"{'n/a':>9}" for n, d in pairs]
+        if any(n and d for n, d in pairs):
+            print(f"{name:<36}" + "".join(cells))
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def workload(args: argparse.Namespace) -> str:
+    """The table's heading: what every row was asked to do."""
+    parts = [f"{args.max_new_tokens} new tokens/request, greedy"]
+    if args.arrivals == "poisson":
+        parts.append(f"Poisson arrivals {args.rate:g}/s, {args.requests} requests, mixed prompts")
+    if args.cancel_fraction or args.deadline_fraction:
+        parts.append(
+            f"{args.cancel_fraction:.0%} cancelled mid-stream, {args.deadline_fraction:.0%} "
+            f"with a {args.deadline_ms:g} ms deadline"
+        )
+    return " | ".join(parts)
+
+
+def print_goodput(runs: list[CellRun]) -> None:
+    """Engine rows: tokens generated, sent and committed, throughput with and without the
+    requests their clients cancelled or let time out."""
+    mine = [(run.row, res) for run in runs if run.row in ENGINE_ROWS for res in run.results]
+    if not mine:
+        return
+    print(
+        f"\n{'goodput':<28}{'c':>4}{'done':>6}{'cancel':>7}{'timeout':>8}{'generated':>10}"
+        f"{'sent':>7}{'committed':>10}{'tok/s':>8}{'goodput/s':>10}"
+    )
+    for row, res in mine:
+        o = res["outcomes"]
+        print(
+            f"{label(row):<28}{res['concurrency']:>4}{o['completed']:>6}{o['cancelled']:>7}"
+            f"{o['timed_out']:>8}{res['generated']:>10}{res['sent']:>7}{res['committed']:>10}"
+            f"{res['tok_s']:>8.1f}{res['goodput_tok_s']:>10.1f}"
+        )
