@@ -7,8 +7,8 @@ alive and cancels never need to travel.
 Memory is bounded by bytes, not only by counts and age: a run keeps at most `max_event_bytes`
 of events (older ones are dropped, so a resume from before them is a 410), and ended runs
 together hold at most `retention_bytes` (the oldest ended runs go first). A live run's events are
-a deque of tuples (cheap to append to); when it ends they are packed into a `CompactLog`, a few
-flat buffers, so thousands of retained runs cost their bytes and almost no objects.
+a deque of tuples (cheap to append to); when it ends they are packed into a `CompactLog`, one
+compressed buffer, so thousands of retained runs cost few bytes and almost no objects.
 """
 
 from __future__ import annotations
@@ -150,12 +150,19 @@ class MemoryRunStore:
     async def read(self, run_id: str, after: int, limit: int = 0) -> LogEvents:
         entry = self._entry(run_id)
         events = entry.events
-        if after < entry.record.last_seq and (not events or events[0][0] > after + 1):
+        count = len(events)
+        if isinstance(events, CompactLog):
+            first = events.first_seq
+        else:
+            first = events[0][0] if events else 0
+        if after < entry.record.last_seq and (not count or first > after + 1):
             raise ResumeWindowExpired(run_id)
-        if not events or after >= events[-1][0]:
+        if not count or after >= first + count - 1:  # NOTE: the kept seq numbers are consecutive
             return []
-        start = max(0, after + 1 - events[0][0])
-        stop = len(events) if limit <= 0 else min(len(events), start + limit)
+        start = max(0, after + 1 - first)
+        stop = count if limit <= 0 else min(count, start + limit)
+        if isinstance(events, CompactLog):
+            return events.slice(start, stop)
         return [events[i] for i in range(start, stop)]
 
     async def wait(self, run_id: str, after: int) -> None:
