@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from gateway.openapi import openapi_document
+from gateway.openapi_responses import with_responses
 
 
 @functools.cache
@@ -17,7 +18,7 @@ def _document() -> bytes:
         version = metadata.version("sluicegate")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         version = "0+unknown"
-    return orjson.dumps(openapi_document(version))
+    return orjson.dumps(with_responses(openapi_document(version)))
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -68,12 +68,7 @@ async def _history(request: web.Request, params: ResponseParams) -> list[dict[st
     previous = params.previous_response_id
     if previous is None:
         return []
-    try:
-        record = await owned_response(request, previous, "previous_response_id")
-    except APIError:
-        raise invalid_request(
-            "previous_response_id", f"Previous response with id '{previous}' not found."
-        ) from None
+    record = await owned_response(request, previous, "previous_response_id")
     if record.terminal is None:
         raise invalid_request(
             "previous_response_id",

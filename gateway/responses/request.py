@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import APIError, invalid_request
+from gateway.protocol import TOOL_CHOICES
 from gateway.responses.items import input_messages
 from workers.limits import shown
 
@@ -167,9 +168,30 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _tool_choice(choice: Any) -> Any:
+    """`none`, `auto`, `required` or `{"type": "function", "name": …}` (checked here: the chat
+    form with a `function` object is not the Responses one)."""
+    if choice is None or (isinstance(choice, str) and choice in TOOL_CHOICES):
+        return choice or "auto"
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "name": name}
+        raise invalid_request(
+            "tool_choice.name",
+            "Missing required parameter: 'tool_choice.name'.",
+            code="missing_required_parameter",
+        )
+    raise invalid_request(
+        "tool_choice",
+        "Invalid 'tool_choice': expected 'none', 'auto', 'required' or "
+        "{'type': 'function', 'name': ...}.",
+    )
+
+
 def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
-        return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict):
+        return {"type": "function", "function": {"name": choice["name"]}}
     return choice
 
 
@@ -211,7 +233,7 @@ def response_params(body: Any) -> ResponseParams:
         instructions=_string(body, "instructions"),
         previous_response_id=_string(body, "previous_response_id"),
         tools=_tools(body.get("tools")),
-        tool_choice=body.get("tool_choice") or "auto",
+        tool_choice=_tool_choice(body.get("tool_choice")),
         user=_string(body, "user"),
     )
     if params.background and not params.store:
@@ -245,8 +267,7 @@ def chat_body(body: dict[str, Any], params: ResponseParams, history: list[dict])
     }
     if params.tools:
         optional["tools"] = [_chat_tool(t) for t in params.tools]
-        optional["tool_choice"] = _chat_tool_choice(body.get("tool_choice"))
-    elif body.get("tool_choice") is not None:
-        optional["tool_choice"] = _chat_tool_choice(body.get("tool_choice"))
+    if body.get("tool_choice") is not None:
+        optional["tool_choice"] = _chat_tool_choice(params.tool_choice)
     chat.update({k: v for k, v in optional.items() if v is not None})
     return chat

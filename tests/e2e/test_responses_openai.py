@@ -165,7 +165,6 @@ def test_a_required_tool_call_is_a_function_call_item(client, model):
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}},
             "text.format.schema",
         ),
-        ({"previous_response_id": "resp_unknown"}, "previous_response_id"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_leaves_nothing(

@@ -78,6 +78,10 @@ def test_the_document_is_served_without_a_credential_and_names_every_route(serve
         "/v1/chat/completions",
         "/v1/chat/completions/{id}",
         "/v1/chat/completions/{id}/cancel",
+        "/v1/responses",
+        "/v1/responses/{id}",
+        "/v1/responses/{id}/cancel",
+        "/v1/responses/{id}/input_items",
         "/v1/models",
         "/v1/models/{model}",
         "/healthz",
@@ -93,6 +97,11 @@ OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/chat/completions/{id}"),
     ("POST", "/v1/chat/completions/{id}/cancel"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{id}"),
+    ("POST", "/v1/responses/{id}/cancel"),
+    ("DELETE", "/v1/responses/{id}"),
+    ("GET", "/v1/responses/{id}/input_items"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model}"),
     ("GET", "/healthz"),
@@ -112,7 +121,8 @@ def test_every_answer_matches_the_document(api_schema, served, method, path):
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
     def answers_as_documented(case) -> None:
         body = case.body
-        if path == "/v1/chat/completions" and isinstance(body, dict) and len(calls) % 2:
+        creates = ("/v1/chat/completions", "/v1/responses")
+        if path in creates and isinstance(body, dict) and len(calls) % 2:
             body["model"] = "scripted"  # half of them reach the upstream
             if isinstance(body.get("metadata"), dict):  # the scripted upstream's own knob
                 body["metadata"].pop("delay_ms", None)

@@ -150,6 +150,16 @@ async def test_tool_calls_are_function_call_items(aiohttp_client):
     assert call["call_id"] == "call_1" and call["arguments"] == '{"city": "Paris"}'
 
 
+async def test_an_unknown_previous_response_is_a_404_naming_it(aiohttp_client):
+    client, adapter = await make_client(aiohttp_client)
+    resp = await client.post(
+        "/v1/responses", json=body(previous_response_id="resp_no"), headers=AUTH
+    )
+    assert resp.status == 404
+    assert (await resp.json())["error"]["param"] == "previous_response_id"
+    assert adapter.requests == []
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
@@ -166,7 +176,6 @@ async def test_tool_calls_are_function_call_items(aiohttp_client):
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"background": True, "store": False}, "background"),
-        ({"previous_response_id": "resp_nope"}, "previous_response_id"),
     ],
 )
 async def test_bad_input_is_a_400_naming_the_field(aiohttp_client, extra, param):
