@@ -23,6 +23,7 @@ from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.models import list_models, retrieve_model
+from gateway.handlers.playground import add_playground_routes
 from gateway.handlers.responses import (
     cancel_response,
     create_response,
@@ -133,4 +134,5 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
+    add_playground_routes(app)
     return app

@@ -1,0 +1,148 @@
+"""The playground in a real browser (Debian's chromium and chromedriver, driven by Selenium),
+on a real gateway and worker, reached through a TCP proxy that can cut a stream: a question
+streams an answer; Stop cancels the run and the worker confirms it; a connection cut mid-stream
+is followed again to the same text. Each test saves a screenshot under its tmp_path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from testkit.probes import scraped
+from tests.browser.conftest import BROWSER_KEY
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import until_sync
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+AUTH = {"Authorization": f"Bearer {BROWSER_KEY}"}
+QUESTION = "Tell me a story about 你好 and café."
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("chromium and chromium-driver are not installed (.ci/run installs them)")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1100,900")
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    yield driver
+    driver.quit()
+
+
+class Page:
+    """The playground as a user drives it."""
+
+    def __init__(self, driver, root: str) -> None:
+        self.driver = driver
+        driver.get(f"{root}/playground")
+        key = self.find("api-key")
+        key.send_keys(BROWSER_KEY)
+        self.driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+        until_sync(lambda: Select(self.find("model")).options, "the models to be listed")
+
+    def find(self, element_id: str):
+        return self.driver.find_element(By.ID, element_id)
+
+    def text(self, element_id: str) -> str:
+        return self.find(element_id).text
+
+    def answer(self) -> str:
+        # NOTE: textContent, not .text: the rendered text of a pre-wrap block may differ in
+        # whitespace from what the stream carried
+        (*_, last) = self.driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+        return last.get_property("textContent")
+
+    def ask(self, question: str, max_tokens: int) -> None:
+        limit = self.find("max-tokens")
+        limit.clear()
+        limit.send_keys(str(max_tokens))
+        self.find("prompt").send_keys(question)
+        self.find("send").click()
+
+    def wait_for_status(self, status: str, within: float = 60) -> None:
+        """Until the page shows the run's `status`; a timeout says what the page showed."""
+        try:
+            until_sync(lambda: self.text("run-status") == status, f"status {status}", within)
+        except AssertionError as exc:
+            shown = {i: self.text(i) for i in ("run-id", "run-status", "resumes", "notice")}
+            shown["answer"] = self.answer()[:80]
+            errors = [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, ".error")]
+            raise AssertionError(f"{exc}; the page shows {shown}, errors {errors}") from None
+
+    def screenshot(self, tmp_path: Path, name: str) -> Path:
+        path = tmp_path / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        print(f"screenshot: {path}")
+        return path
+
+
+def stored(served, run_id: str) -> dict:
+    return httpx.get(f"{served.base_url}/chat/completions/{run_id}", headers=AUTH).json()
+
+
+def test_a_question_streams_an_answer(served, proxy: TcpProxy, browser, tmp_path):
+    page = Page(browser, proxy.root)
+    page.ask(QUESTION, max_tokens=120)
+    page.wait_for_status("completed")
+    run = stored(served, page.text("run-id"))
+    assert run["status"] == "completed"
+    assert page.answer() == run["choices"][0]["message"]["content"] != ""
+    assert page.text("ttft").endswith(" ms")
+    usage = run["usage"]
+    assert page.text("usage") == (
+        f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+    )
+    assert page.text("resumes") == "0" and proxy.cuts == 0
+    assert page.screenshot(tmp_path, "answered").stat().st_size > 0
+
+
+def confirmed_client_cancels(served) -> float:
+    """Client cancels the worker confirmed (clean: no token after it; tail: some)."""
+    return sum(
+        scraped(served.root, "sluice_cancellations_total", source="client", outcome=outcome)
+        for outcome in ("clean", "tail")
+    )
+
+
+def test_stop_cancels_the_run_and_the_worker_confirms(served, proxy, browser, tmp_path):
+    before = confirmed_client_cancels(served)
+    page = Page(browser, proxy.root)
+    page.ask(QUESTION, max_tokens=900)
+    until_sync(page.answer, "the first text", within=60)
+    page.find("stop").click()
+    page.wait_for_status("cancelled")
+    page.screenshot(tmp_path, "stopped")
+    run = stored(served, page.text("run-id"))
+    assert run["status"] == "cancelled"
+    assert run["usage"] is None or run["usage"]["completion_tokens"] < 900
+    until_sync(
+        lambda: confirmed_client_cancels(served) > before, "the worker to confirm the cancel"
+    )
+    assert page.answer() == run["choices"][0]["message"]["content"]
+
+
+def test_a_cut_connection_resumes_the_same_run_with_the_text_intact(
+    served, proxy, browser, tmp_path
+):
+    proxy.cut_streams_after(2000)  # the POST's stream, a few frames in
+    page = Page(browser, proxy.root)
+    page.ask(QUESTION, max_tokens=400)
+    page.wait_for_status("completed")
+    page.screenshot(tmp_path, "resumed")
+    assert proxy.cuts == 1
+    assert int(page.text("resumes")) >= 1
+    run = stored(served, page.text("run-id"))
+    assert page.answer() == run["choices"][0]["message"]["content"]
