@@ -26,14 +26,18 @@ def events_of(raw: bytes) -> list[dict]:
     return [orjson.loads(e.data) for e in sse_events(raw) if e.data != "[DONE]"]
 
 
-async def make_client(aiohttp_client, script=None, **settings):
+async def make_client(aiohttp_client, store_settings, script=None, **settings):
+    """The app on a scripted upstream, with the in-process store or a real Redis."""
     adapter = ScriptedAdapter("scripted", script or text_script(PIECES))
-    client = await aiohttp_client(gateway_app(adapters=[adapter], **settings))
+    app = gateway_app(adapters=[adapter], **store_settings, **settings)
+    client = await aiohttp_client(app)
     return client, adapter
 
 
-async def test_a_stream_is_typed_events_numbered_from_zero_without_gaps(aiohttp_client):
-    client, _ = await make_client(aiohttp_client)
+async def test_a_stream_is_typed_events_numbered_from_zero_without_gaps(
+    aiohttp_client, store_settings
+):
+    client, _ = await make_client(aiohttp_client, store_settings)
     resp = await client.post("/v1/responses", json=body(stream=True), headers=AUTH)
     assert resp.status == 200
     events = events_of(await resp.read())
@@ -61,8 +65,8 @@ async def test_a_stream_is_typed_events_numbered_from_zero_without_gaps(aiohttp_
     assert final.usage.output_tokens == len(PIECES)
 
 
-async def test_resume_after_any_number_gives_exactly_the_rest(aiohttp_client):
-    client, _ = await make_client(aiohttp_client)
+async def test_resume_after_any_number_gives_exactly_the_rest(aiohttp_client, store_settings):
+    client, _ = await make_client(aiohttp_client, store_settings)
     resp = await client.post("/v1/responses", json=body(stream=True), headers=AUTH)
     events = events_of(await resp.read())
     rid = events[0]["response"]["id"]
@@ -73,8 +77,10 @@ async def test_resume_after_any_number_gives_exactly_the_rest(aiohttp_client):
         assert events_of(await again.read()) == events[after + 1 :]
 
 
-async def test_the_object_agrees_with_the_stream_and_lists_its_input(aiohttp_client):
-    client, _ = await make_client(aiohttp_client)
+async def test_the_object_agrees_with_the_stream_and_lists_its_input(
+    aiohttp_client, store_settings
+):
+    client, _ = await make_client(aiohttp_client, store_settings)
     resp = await client.post(
         "/v1/responses",
         json=body(input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]),
@@ -92,9 +98,11 @@ async def test_the_object_agrees_with_the_stream_and_lists_its_input(aiohttp_cli
     assert items["has_more"] is False
 
 
-async def test_background_runs_on_with_nobody_attached_and_cancels_explicitly(aiohttp_client):
+async def test_background_runs_on_with_nobody_attached_and_cancels_explicitly(
+    aiohttp_client, store_settings
+):
     client, adapter = await make_client(
-        aiohttp_client, text_script(PIECES * 50, delay=0.05), disconnect_grace=0.0
+        aiohttp_client, store_settings, text_script(PIECES * 50, delay=0.05), disconnect_grace=0.0
     )
     resp = await client.post("/v1/responses", json=body(background=True), headers=AUTH)
     created = await resp.json()
@@ -121,8 +129,31 @@ async def text_of(client, rid: str) -> str:
     )
 
 
-async def test_a_deleted_response_is_gone(aiohttp_client):
-    client, _ = await make_client(aiohttp_client)
+async def test_the_follow_token_alone_reads_and_resumes_the_response(
+    aiohttp_client, store_settings
+):
+    client, _ = await make_client(aiohttp_client, store_settings)
+    resp = await client.post("/v1/responses", json=body(stream=True), headers=AUTH)
+    token = resp.headers["x-follow-token"]
+    events = events_of(await resp.read())
+    rid = events[0]["response"]["id"]
+    got = await client.get(f"/v1/responses/{rid}", params={"token": token})
+    assert (await got.json())["follow_token"] == token
+    again = await client.get(
+        f"/v1/responses/{rid}", params={"token": token, "stream": "true", "starting_after": 2}
+    )
+    assert events_of(await again.read()) == events[3:]
+    last = events[-1]["sequence_number"]
+    end = await client.get(
+        f"/v1/responses/{rid}", params={"token": token, "stream": "true", "starting_after": last}
+    )
+    assert end.status == 204  # an EventSource stops here
+    cancel = await client.post(f"/v1/responses/{rid}/cancel", params={"token": token})
+    assert cancel.status == 401  # a token reads; it cancels nothing
+
+
+async def test_a_deleted_response_is_gone(aiohttp_client, store_settings):
+    client, _ = await make_client(aiohttp_client, store_settings)
     created = await (await client.post("/v1/responses", json=body(), headers=AUTH)).json()
     rid = created["id"]
     deleted = await client.delete(f"/v1/responses/{rid}", headers=AUTH)
@@ -131,7 +162,7 @@ async def test_a_deleted_response_is_gone(aiohttp_client):
     assert (await client.delete(f"/v1/responses/{rid}", headers=AUTH)).status == 404
 
 
-async def test_tool_calls_are_function_call_items(aiohttp_client):
+async def test_tool_calls_are_function_call_items(aiohttp_client, store_settings):
     def script(request):
         return [
             ToolCallDelta(0, '{"city": "Paris"}', "call_1", "weather"),
@@ -139,7 +170,7 @@ async def test_tool_calls_are_function_call_items(aiohttp_client):
             Usage(5, 3),
         ]
 
-    client, _ = await make_client(aiohttp_client, script)
+    client, _ = await make_client(aiohttp_client, store_settings, script)
     tool = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
     resp = await client.post("/v1/responses", json=body(stream=True, tools=[tool]), headers=AUTH)
     events = events_of(await resp.read())
@@ -150,8 +181,8 @@ async def test_tool_calls_are_function_call_items(aiohttp_client):
     assert call["call_id"] == "call_1" and call["arguments"] == '{"city": "Paris"}'
 
 
-async def test_an_unknown_previous_response_is_a_404_naming_it(aiohttp_client):
-    client, adapter = await make_client(aiohttp_client)
+async def test_an_unknown_previous_response_is_a_404_naming_it(aiohttp_client, store_settings):
+    client, adapter = await make_client(aiohttp_client, store_settings)
     resp = await client.post(
         "/v1/responses", json=body(previous_response_id="resp_no"), headers=AUTH
     )
@@ -178,8 +209,8 @@ async def test_an_unknown_previous_response_is_a_404_naming_it(aiohttp_client):
         ({"background": True, "store": False}, "background"),
     ],
 )
-async def test_bad_input_is_a_400_naming_the_field(aiohttp_client, extra, param):
-    client, adapter = await make_client(aiohttp_client)
+async def test_bad_input_is_a_400_naming_the_field(aiohttp_client, store_settings, extra, param):
+    client, adapter = await make_client(aiohttp_client, store_settings)
     resp = await client.post("/v1/responses", json=body(**extra), headers=AUTH)
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == param
