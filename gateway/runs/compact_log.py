@@ -2,13 +2,12 @@
 bytes and a str per event.
 
 A gateway keeps thousands of ended runs for resumes and replays (design §3). As tuples, each
-event is three or four heap objects, and the payloads are whatever the JSON encoder allocated
-(orjson's buffers keep their 4 KiB capacity); packed, a run is one object and three buffers, none
-of them tracked by the garbage collector. The chunks of one run differ in a few bytes (the same
-id, model and shape around each delta), so zlib at its fastest level keeps about 1/30 of them,
-for about 2 µs per event once, when the run ends. A live run keeps its deque, where appends are
-cheap; the store packs the log when the run ends and reads back the same `LogEvent` tuples, so
-a resume cannot tell the two apart.
+event is four heap objects (the tuple, its seq, payload and text: about 400 bytes for a 180-byte
+chunk); packed, a run is one object and two buffers, neither tracked by the garbage collector.
+The chunks of one run differ in a few bytes (the same id, model and shape around each delta), so
+zlib at its fastest level keeps about 1/30 of them, for about 2 µs per event once, when the run
+ends. A live run keeps its deque, where appends are cheap; the store packs the log when the run
+ends and reads back the same `LogEvent` tuples, so a resume cannot tell the two apart.
 """
 
 from __future__ import annotations
