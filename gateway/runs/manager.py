@@ -243,7 +243,9 @@ class RunManager:
         return await patiently(self.health, self.outage_grace, lambda: call(*args))
 
     async def _wait(self, run_id: str, after: int, within: float | None) -> None:
-        if within is None:
+        # NOTE: `within` bounds a wait so a run whose owner died is noticed; a run driven here
+        # has no lease to check, and its followers wake on every batch: no timer per wait.
+        if within is None or run_id in self.drivers:
             await self.store.wait(run_id, after)
             return
         with contextlib.suppress(TimeoutError):

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from redis.exceptions import NoScriptError
 
 from gateway.redis_client import REDIS_ERRORS
+from gateway.runs.redis_scripts import ScriptBatch
 from gateway.runs.status import RunStatus
 from gateway.runs.store import Chunk, LogEvents, RunRecord, StoreUnavailable, TerminalRecord
 from gateway.runs.store_redis import RedisRunStore
@@ -169,53 +171,58 @@ class WriteBehind:
             self._pending[run_id] = ops + newer.pop(run_id, [])
         self._pending.update(newer)
 
-    async def _write(self, batch: dict[str, list[Op]]) -> bool:
-        """One pipeline for the batch; False when Redis could not be reached."""
-        plan: list[tuple[str, Op, int]] = []  # run, op, how many results it has
+    async def _write(self, batch: dict[str, list[Op]], again: bool = True) -> bool:
+        """One pipeline for the batch, one apply script for all its calls but the restores
+        (which go first, so a run written back whole gets what followed after it); False
+        when Redis could not be reached."""
+        calls = ScriptBatch()
+        plan: list[tuple[str, Op, int]] = []  # run, op, its answer's index (-1: a restore)
         try:
             async with self.shared.redis.pipeline(transaction=False) as pipe:
                 for run_id, ops in batch.items():
                     for op in ops:
-                        plan.append((run_id, op, await self._queue(pipe, run_id, op)))
+                        plan.append((run_id, op, self._queue(pipe, calls, run_id, op)))
+                if calls.count:
+                    self.shared.queue_batch(pipe, calls)
                 results = await pipe.execute(raise_on_error=False)
+            if again and any(isinstance(result, NoScriptError) for result in results):
+                # NOTE: Redis came back without the scripts: load them, send it all again
+                # (every write is idempotent, so what did go through is not doubled)
+                await self.shared.load_scripts()
+                return await self._write(batch, again=False)
         except (StoreUnavailable, *REDIS_ERRORS) as exc:
             self.health.failed()
             log.warning("run writes held until redis is back", error=type(exc).__name__)
             return False
-        self._settle_results(batch, plan, results)
+        self._settle_results(batch, plan, results[-1] if calls.count else [])
         return True
 
-    async def _queue(self, pipe: Any, run_id: str, op: Op) -> int:
+    def _queue(self, pipe: Any, calls: ScriptBatch, run_id: str, op: Op) -> int:
         s = self.shared
         if type(op) is _Append:
-            await s.queue_append(pipe, run_id, op.chunks, op.first_seq)
-        elif type(op) is _Advance:
-            await s.queue_advance(pipe, run_id, op.status)
-        elif type(op) is _Finish:
-            await s.queue_finish(pipe, run_id, op.terminal, op.final, op.final_seq)
-        elif type(op) is _Followers:
-            await s.queue_followers(pipe, run_id, op.count)
-        else:
-            snap = self.snapshot(run_id)
-            if snap is None:
-                return 0
+            return s.queue_append(calls, run_id, op.chunks, op.first_seq)
+        if type(op) is _Advance:
+            return s.queue_advance(calls, run_id, op.status)
+        if type(op) is _Finish:
+            return s.queue_finish(calls, run_id, op.terminal, op.final, op.final_seq)
+        if type(op) is _Followers:
+            return s.queue_followers(calls, run_id, op.count)
+        snap = self.snapshot(run_id)
+        if snap is not None:
             record, events, followers = snap
             s.queue_restore(pipe, record, events)
-            await s.queue_followers(pipe, run_id, followers)
-            return 5 + len(events)  # delete, the xadds, hset, two expires; the followers
-        return 1
+            s.queue_followers(pipe, run_id, followers)
+        return -1
 
     def _settle_results(
-        self, batch: dict[str, list[Op]], plan: list[tuple[str, Op, int]], results: list[Any]
+        self, batch: dict[str, list[Op]], plan: list[tuple[str, Op, int]], answers: Any
     ) -> None:
         lost: set[str] = set()
         closed: set[str] = set()
-        i = 0
-        for run_id, op, count in plan:
-            mine, i = results[i : i + count], i + count
-            if type(op) is _Restore or not mine:
+        for run_id, op, index in plan:
+            if index < 0:
                 continue
-            result = mine[0]
+            result = answers if isinstance(answers, Exception) else answers[index]
             if isinstance(result, Exception):
                 log.error("run write refused by redis", run_id=run_id, error=type(result).__name__)
             elif result == UNKNOWN:

@@ -1,10 +1,10 @@
 """The Redis run store, shared by gateway replicas: a hash per run, a Redis Stream per event log.
 
-Transitions run as Lua scripts, so "append only while live" and "the one terminal transition" hold
-across replicas without read-modify-write races. Followers learn of new events from a pub/sub
-channel per run, cancels travel on one channel for all replicas, and each replica keeps a lease
-key alive so others can tell a run whose owner died. Ended runs expire after `retention`
-seconds; a log keeps at most `max_events` entries.
+Transitions run as Lua scripts (`redis_scripts`), so "append only while live" and "the one
+terminal transition" hold across replicas without read-modify-write races. Followers learn of
+new events from a pub/sub channel per run, cancels travel on one channel for all replicas, and
+each replica keeps a lease key alive so others can tell a run whose owner died. Ended runs
+expire after `retention` seconds; a log keeps at most `max_events` entries.
 """
 
 from __future__ import annotations
@@ -15,8 +15,20 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
 
 from gateway.runs.redis_notify import Notifier
+from gateway.runs.redis_scripts import (
+    ADVANCE,
+    APPEND,
+    APPLY,
+    CREATE,
+    FINISH,
+    FOLLOWERS,
+    TERMINAL,
+    ScriptBatch,
+)
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
     Chunk,
@@ -31,93 +43,8 @@ from gateway.runs.store import (
     terminal_to_json,
 )
 
-TERMINAL = int(RunStatus.COMPLETED)
 _POLL = 0.5  # seconds between re-reads while waiting (a missed publish costs at most this)
 _ENDED = float("inf")  # a finished run: every `after` is behind it
-
-# NOTE: appends and the ending name their seq numbers (0: "the next ones"), and skip any the log
-# already has, so the owner's write-behind can send a batch again after a lost connection
-# without doubling events. KEYS: run hash, events stream, notify channel
-# ARGV: max_events, first seq (0: next), then per event: payload, text mark, text, where the
-# mark is '-' for an event that is not a plain text delta, else 't' and its choice index
-_APPEND = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if tonumber(status) >= TERMINAL then return -2 end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
-local seq = tonumber(ARGV[2]) - 1
-if seq < 0 then seq = last end
-for i = 3, #ARGV, 3 do
-  seq = seq + 1
-  if seq > last then
-    local id = seq .. '-0'
-    if ARGV[i + 1] == '-' then
-      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i])
-    else
-      local index = string.sub(ARGV[i + 1], 2)
-      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i], 't', ARGV[i + 2], 'i', index)
-    end
-  end
-end
-if seq > last then
-  redis.call('HSET', KEYS[1], 'last_seq', seq)
-  redis.call('PUBLISH', KEYS[3], seq)
-end
-return seq
-""".replace("TERMINAL", str(TERMINAL))
-
-# The one terminal transition; a repeat of the same ending (a write-behind retry) is its win.
-# KEYS: run hash, events stream, notify channel, followers hash
-# ARGV: status, terminal json, retention ms, max_events[, final seq (0: next), final payload]
-_FINISH = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if tonumber(status) >= TERMINAL then
-  if redis.call('HGET', KEYS[1], 'terminal') == ARGV[2] then return 1 end
-  return 0
-end
-if #ARGV >= 6 then
-  local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
-  local seq = tonumber(ARGV[5])
-  if seq == 0 then seq = last + 1 end
-  if seq > last then
-    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], seq .. '-0', 'd', ARGV[6])
-    redis.call('HSET', KEYS[1], 'last_seq', seq)
-  end
-end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'terminal', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[4], ARGV[3])
-redis.call('PUBLISH', KEYS[3], 'end')
-return 1
-""".replace("TERMINAL", str(TERMINAL))
-
-# KEYS: run hash; ARGV: new status
-_ADVANCE = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-status = tonumber(status)
-local new = tonumber(ARGV[1])
-if status >= TERMINAL or new >= TERMINAL or new <= status then return 0 end
-redis.call('HSET', KEYS[1], 'status', new)
-return 1
-""".replace("TERMINAL", str(TERMINAL))
-
-# A replica's own follower count, absolute (so a retry cannot count twice); returns the sum
-# over replicas. KEYS: run hash, followers hash; ARGV: replica, count, ttl s
-_FOLLOWERS = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-  if redis.call('TTL', KEYS[2]) < 0 then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
-else
-  redis.call('HDEL', KEYS[2], ARGV[1])
-end
-local total = 0
-for _, n in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(n) end
-return total
-"""
 
 
 def _fields(payload: bytes, text: str | None, index: int) -> dict[str, Any]:
@@ -148,12 +75,36 @@ class RedisRunStore:
         self.retention = retention
         self.live_ttl = int(live_ttl)
         self.replica = replica or "replica"
-        self._append = redis.register_script(_APPEND)
-        self._finish = redis.register_script(_FINISH)
-        self._advance = redis.register_script(_ADVANCE)
-        self._followers_script = redis.register_script(_FOLLOWERS)
+        self._create = redis.register_script(CREATE)
+        self._append = redis.register_script(APPEND)
+        self._finish = redis.register_script(FINISH)
+        self._advance = redis.register_script(ADVANCE)
+        self._followers_script = redis.register_script(FOLLOWERS)
+        self._apply = redis.register_script(APPLY)
         self._followers: dict[str, int] = {}  # this replica's followers per run
         self.notifier = Notifier(redis, f"{prefix}cancel")
+
+    @staticmethod
+    def _call(script: AsyncScript, code: str, keys: list[str], args: list[Any], client: Any) -> Any:
+        """The script on `client`: a call to await on the client itself, queued by its sha in
+        a pipeline, or added to a `ScriptBatch` under its `code` (its index is returned).
+        NOTE: redis-py would ask SCRIPT EXISTS before every pipeline holding a script (a
+        second round trip per write-behind tick); a Redis that lost its scripts answers
+        NOSCRIPT instead, and the write-behind loads them (`load_scripts`) and sends again."""
+        if isinstance(client, ScriptBatch):
+            return client.add(code, keys, args)
+        if isinstance(client, Pipeline):
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        return script(keys=keys, args=args, client=client)
+
+    def queue_batch(self, pipe: Pipeline, batch: ScriptBatch) -> None:
+        """The apply script for the batch's calls, queued by its sha in `pipe`."""
+        pipe.evalsha(self._apply.sha, len(batch.keys), *batch.keys, *batch.args)
+
+    async def load_scripts(self) -> None:
+        """Load the scripts pipelines call by sha (after Redis came back without them)."""
+        for script in (self._apply, self._followers_script):
+            await self.redis.script_load(script.script)
 
     def _keys(self, run_id: str) -> list[str]:
         base = f"{self.prefix}run:{run_id}"
@@ -178,13 +129,12 @@ class RedisRunStore:
         return fields
 
     async def create(self, record: RunRecord) -> None:
-        key = self._keys(record.run_id)[0]
-        if not await self.redis.hsetnx(key, "status", int(record.status)):
+        """The run's record, in one round trip (a script: refused if the id is taken)."""
+        args: list[Any] = [self.live_ttl]
+        for name, value in self.record_fields(record).items():
+            args += [name, value]
+        if not await self._create(keys=self._keys(record.run_id)[:1], args=args):
             raise ValueError(f"run {record.run_id} exists")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=self.record_fields(record))
-            pipe.expire(key, self.live_ttl)
-            await pipe.execute()
 
     def queue_restore(self, pipe: Any, record: RunRecord, events: LogEvents) -> None:
         """Queue writing a run back whole (Redis lost it, restarted empty): its record as the
@@ -225,7 +175,7 @@ class RedisRunStore:
 
     def queue_advance(self, client: Any, run_id: str, status: RunStatus) -> Any:
         """The advance script on `client` (the client itself, or a pipeline to queue it in)."""
-        return self._advance(keys=self._keys(run_id)[:1], args=[int(status)], client=client)
+        return self._call(self._advance, "v", self._keys(run_id)[:1], [int(status)], client)
 
     async def finish(
         self, run_id: str, terminal: TerminalRecord, final: Chunk | None = None
@@ -247,7 +197,7 @@ class RedisRunStore:
         args = [int(terminal.status), terminal_to_json(terminal), retention_ms, self.max_events]
         if final is not None:
             args += [final_seq, final[0]]
-        return self._finish(keys=self._keys(run_id), args=args, client=client)
+        return self._call(self._finish, "f", self._keys(run_id), args, client)
 
     def queue_append(
         self, client: Any, run_id: str, chunks: list[Chunk], first_seq: int = 0
@@ -259,7 +209,7 @@ class RedisRunStore:
                 args += [payload, "-", ""]
             else:
                 args += [payload, f"t{index}", text]
-        return self._append(keys=self._keys(run_id)[:3], args=args, client=client)
+        return self._call(self._append, "a", self._keys(run_id)[:3], args, client)
 
     async def append(self, run_id: str, chunks: list[Chunk]) -> int:
         result = await self.queue_append(self.redis, run_id, chunks)
@@ -338,9 +288,8 @@ class RedisRunStore:
     def queue_followers(self, client: Any, run_id: str, count: int) -> Any:
         """Set this replica's follower count of the run; the script returns every replica's."""
         key, _, _, followers = self._keys(run_id)
-        return self._followers_script(
-            keys=[key, followers], args=[self.replica, count, self.live_ttl], client=client
-        )
+        args = [self.replica, count, self.live_ttl]
+        return self._call(self._followers_script, "c", [key, followers], args, client)
 
     async def followers(self, run_id: str) -> int:
         return await self.add_follower(run_id, 0)

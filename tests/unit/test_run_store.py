@@ -23,6 +23,7 @@ from gateway.runs.store import (
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_mirrored import MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
+from tests.support.redis_server import PrivateRedis
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -215,6 +216,24 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
             assert [e[0] for e in events] == list(range(1, 42))
     finally:
         await owner.close()
+
+
+async def test_the_owners_writes_reach_a_redis_that_has_none_of_its_scripts(tmp_path):
+    server = PrivateRedis(tmp_path)  # a fresh Redis: the write-behind's script is not loaded
+    server.start()
+    client = Redis.from_url(server.url)
+    owner = MirroredRunStore(RedisRunStore(client, prefix="p:", max_events=50))
+    elsewhere = RedisRunStore(client, prefix="p:", max_events=50)
+    try:
+        run = await new_run(owner)
+        await owner.append(run, ev(b"a", b"b"))
+        await owner.finish(run, TerminalRecord(RunStatus.COMPLETED, "completed"), log_chunk(b"z"))
+        assert [e[1] for e in await elsewhere.read(run, 0)] == [b"a", b"b", b"z"]
+        assert (await elsewhere.get(run)).status is RunStatus.COMPLETED
+    finally:
+        await owner.close()
+        await client.aclose()
+        server.stop()
 
 
 async def test_a_runs_events_are_bounded_in_bytes_older_ones_dropped():
