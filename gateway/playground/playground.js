@@ -199,6 +199,8 @@ async function ask(question) {
   if (!run.done && run.id) {
     show("run-status", "connection lost, resuming…");
     await resume();
+  } else if (!run.done) {
+    show("run-status", "connection lost before the run's first event");
   }
   await finish();
 }

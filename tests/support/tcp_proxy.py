@@ -27,6 +27,7 @@ class TcpProxy:
         self._armed: int | None = None  # bytes of the next stream to let through
         self.connections = 0  # accepted so far
         self.cuts = 0  # connections cut mid-stream
+        self.passed: list[bytes] = []  # what the cut stream let through, for a failure's message
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut_streams_after(self, limit: int) -> None:
@@ -77,10 +78,12 @@ class TcpProxy:
                     sink.sendall(data[:left])
                     with self._lock:
                         self.cuts += 1
+                        self.passed.append(data[:left])
                     break
                 sink.sendall(data)
                 if left is not None:
                     left -= len(data)
+                    self.passed.append(data)
         except OSError:
             pass
         for sock in (source, sink):
