@@ -161,10 +161,8 @@ def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str
     return param | ({"description": description} if description else {})
 
 
-def _paths() -> dict[str, Any]:
-    response = {JSON: {"schema": ref("Response")}}
-    either = {**response, SSE: {"schema": ref("ResponseStreamEvent")}}
-    create = {
+def _create(either: dict[str, Any]) -> dict[str, Any]:
+    return {
         "operationId": "createResponse",
         "summary": "Start a run; answer its response whole, stream its events (`stream: true`), "
         "or answer at once and run on with nobody attached (`background: true`).",
@@ -174,6 +172,11 @@ def _paths() -> dict[str, Any]:
             **_errors(400, 401, 403, 404, 408, 410, 413, 415, 422, 429, 502, 503, 504),
         },
     }
+
+
+def _paths() -> dict[str, Any]:
+    response = {JSON: {"schema": ref("Response")}}
+    either = {**response, SSE: {"schema": ref("ResponseStreamEvent")}}
     after = _query(
         "starting_after",
         {"type": "integer", "minimum": 0},
@@ -219,7 +222,7 @@ def _paths() -> dict[str, Any]:
         parameters=[_RUN_ID, *paging, FOLLOW_TOKEN_PARAM],
     )
     return {
-        "/v1/responses": {"post": create},
+        "/v1/responses": {"post": _create(either)},
         "/v1/responses/{id}": {**retrieve, "delete": delete},
         "/v1/responses/{id}/cancel": {"post": cancel},
         "/v1/responses/{id}/input_items": items,

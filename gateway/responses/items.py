@@ -33,11 +33,10 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS:
-            named = shown(kind) if isinstance(kind, str) else "none"
             raise invalid_request(
                 f"{where}[{j}].type",
-                f"Unsupported content part type {named} in '{where}[{j}]': only 'input_text' "
-                "parts are supported.",
+                f"Unsupported content part type {_shown(kind)} in '{where}[{j}]': only "
+                "'input_text' parts are supported.",
             )
         if not isinstance(part.get("text"), str):
             raise invalid_request(
@@ -47,12 +46,13 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _string_field(item: dict[str, Any], name: str, where: str) -> str:
+def _string_field(item: dict[str, Any], name: str, where: str, *, empty: bool = False) -> str:
     value = item.get(name)
-    if not isinstance(value, str) or (name != "arguments" and name != "output" and not value):
+    if not isinstance(value, str) or (not value and not empty):
         raise invalid_request(
             f"{where}.{name}",
-            f"Missing or invalid parameter: '{where}.{name}' must be a string.",
+            f"Missing or invalid parameter: '{where}.{name}' must be a "
+            f"{'string' if empty else 'non-empty string'}.",
             code="missing_required_parameter",
         )
     return value
@@ -63,7 +63,7 @@ def _message(item: dict[str, Any], where: str) -> tuple[dict, dict]:
     if role not in ROLES:
         raise invalid_request(
             f"{where}.role",
-            f"Invalid value for '{where}.role': {shown(role) if isinstance(role, str) else 'none'}."
+            f"Invalid value for '{where}.role': {_shown(role)}."
             " Supported roles are 'user', 'system', 'developer' and 'assistant'.",
         )
     text = _text(item.get("content"), f"{where}.content")
@@ -81,7 +81,7 @@ def _message(item: dict[str, Any], where: str) -> tuple[dict, dict]:
 def _function_call(item: dict[str, Any], where: str) -> tuple[dict, dict]:
     call_id = _string_field(item, "call_id", where)
     name = _string_field(item, "name", where)
-    arguments = _string_field(item, "arguments", where)
+    arguments = _string_field(item, "arguments", where, empty=True)
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     listed = {
         "id": _item_id("fc"),
@@ -96,7 +96,7 @@ def _function_call(item: dict[str, Any], where: str) -> tuple[dict, dict]:
 
 def _function_output(item: dict[str, Any], where: str) -> tuple[dict, dict]:
     call_id = _string_field(item, "call_id", where)
-    output = _string_field(item, "output", where)
+    output = _string_field(item, "output", where, empty=True)
     listed = {
         "id": _item_id("fco"),
         "type": "function_call_output",
@@ -107,8 +107,11 @@ def _function_output(item: dict[str, Any], where: str) -> tuple[dict, dict]:
     return {"role": "tool", "tool_call_id": call_id, "content": output}, listed
 
 
-_KINDS = {"message": _message, "function_call": _function_call}
-_KINDS["function_call_output"] = _function_output
+_KINDS = {
+    "message": _message,
+    "function_call": _function_call,
+    "function_call_output": _function_output,
+}
 
 
 def input_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -152,6 +152,28 @@ async def test_the_follow_token_alone_reads_and_resumes_the_response(
     assert cancel.status == 401  # a token reads; it cancels nothing
 
 
+async def test_a_stream_cancelled_mid_run_ends_with_response_cancelled(
+    aiohttp_client, store_settings
+):
+    client, adapter = await make_client(
+        aiohttp_client, store_settings, text_script(PIECES * 50, delay=0.02)
+    )
+    resp = await client.post("/v1/responses", json=body(stream=True), headers=AUTH)
+    raw = b""
+    while b"response.output_text.delta" not in raw:
+        raw += await resp.content.readany()
+    rid = events_of(raw.rsplit(b"\n\n", 1)[0] + b"\n\n")[0]["response"]["id"]
+    assert (await client.post(f"/v1/responses/{rid}/cancel", headers=AUTH)).status == 200
+    events = events_of(raw + await resp.read())
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert last["type"] == "response.cancelled"
+    assert last["response"]["status"] == "cancelled"
+    (message,) = last["response"]["output"]
+    assert message["status"] == "incomplete"
+    assert rid in adapter.abort_calls
+
+
 async def test_a_deleted_response_is_gone(aiohttp_client, store_settings):
     client, _ = await make_client(aiohttp_client, store_settings)
     created = await (await client.post("/v1/responses", json=body(), headers=AUTH)).json()
