@@ -174,6 +174,21 @@ async def test_a_stream_cancelled_mid_run_ends_with_response_cancelled(
     assert rid in adapter.abort_calls
 
 
+async def test_a_repeat_with_its_idempotency_key_gets_the_same_response(
+    aiohttp_client, store_settings
+):
+    client, adapter = await make_client(aiohttp_client, store_settings)
+    headers = {**AUTH, "Idempotency-Key": "order-66"}
+    first = await client.post("/v1/responses", json=body(stream=True), headers=headers)
+    events = events_of(await first.read())
+    again = await client.post("/v1/responses", json=body(stream=True), headers=headers)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert events_of(await again.read()) == events
+    assert len(adapter.requests) == 1  # one run
+    other = await client.post("/v1/responses", json=body(input="Bye"), headers=headers)
+    assert other.status == 422
+
+
 async def test_a_deleted_response_is_gone(aiohttp_client, store_settings):
     client, _ = await make_client(aiohttp_client, store_settings)
     created = await (await client.post("/v1/responses", json=body(), headers=AUTH)).json()
