@@ -84,15 +84,30 @@ async def reserve(
 ) -> tuple[Admission | None, dict[str, str]]:
     """Reserve the run against the tenant's limits: the admission (None: the tenant has none)
     and the rate-limit headers for the answer; a 429 says which limit refused it."""
+    request = quota_request(app, tenant, chat, run_id)
+    if request is None:
+        return None, {}
+    try:
+        admission = await app[QUOTAS].admit(request)
+    except QuotaExceeded as exc:
+        raise refused(app, exc) from None
+    return admission, admission.headers
+
+
+def quota_request(
+    app: web.Application, tenant: Tenant, chat: ChatRequest, run_id: str
+) -> QuotaRequest | None:
+    """What the run reserves against its tenant's limits; None when the tenant has none."""
     limits = quota_limits(tenant.limits)
     if limits == QuotaLimits():
-        return None, {}
+        return None
     max_tokens = chat.max_tokens or app[SETTINGS].default_max_tokens
     tokens = prompt_estimate(chat) + max_tokens * chat.n
-    try:
-        admission = await app[QUOTAS].admit(QuotaRequest(tenant.name, run_id, tokens, limits))
-    except QuotaExceeded as exc:
-        app[METRICS].quota_rejections.labels(exc.limit).inc()
-        kind = "insufficient_quota" if exc.code == "insufficient_quota" else exc.limit
-        raise APIError(429, exc.message, type=kind, code=exc.code, headers=exc.headers) from None
-    return admission, admission.headers
+    return QuotaRequest(tenant.name, run_id, tokens, limits)
+
+
+def refused(app: web.Application, exc: QuotaExceeded) -> APIError:
+    """The 429 for a refused admission, counted by the limit that refused it."""
+    app[METRICS].quota_rejections.labels(exc.limit).inc()
+    kind = "insufficient_quota" if exc.code == "insufficient_quota" else exc.limit
+    return APIError(429, exc.message, type=kind, code=exc.code, headers=exc.headers)

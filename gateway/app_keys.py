@@ -13,6 +13,7 @@ from gateway.follow_tokens import FollowTokens
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.redis_client import SharedRedis
+from gateway.redis_open import RedisOpener
 from gateway.runs.manager import RunManager
 from gateway.settings import Settings
 from gateway.store_health import DeferredWrites
@@ -32,6 +33,7 @@ QUOTAS = web.AppKey("quotas", QuotaStore)
 IDEMPOTENCY = web.AppKey("idempotency", IdempotencyStore)
 LEDGER = web.AppKey("ledger", UsageLedger)
 REDIS = web.AppKey("redis", SharedRedis)  # only with --redis-url
+OPENER = web.AppKey("opener", RedisOpener)  # only with --redis-url
 DEFERRED = web.AppKey("deferred", DeferredWrites)
 DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
 FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)

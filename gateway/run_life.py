@@ -17,11 +17,12 @@ from aiohttp import web
 
 from adapters.requests import ChatRequest, Message
 from gateway import replays
-from gateway.admission import backend_for, prompt_estimate, reserve
+from gateway.admission import backend_for, prompt_estimate, quota_request, refused, reserve
 from gateway.app_keys import (
     AUTH,
     DEFERRED,
     LEDGER,
+    OPENER,
     PRINCIPAL,
     QUOTAS,
     RATE_HEADERS,
@@ -32,11 +33,13 @@ from gateway.app_keys import (
 )
 from gateway.errors import APIError
 from gateway.ledger import UsageRecord
+from gateway.redis_open import KeyClaim, RedisOpener
 from gateway.runs.manager import new_run_id
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import PUBLIC_STATUS
 from gateway.runs.store import TerminalRecord
-from policies.quotas import Admission
+from policies.idempotency import body_fingerprint
+from policies.quotas import Admission, QuotaExceeded
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,6 +103,9 @@ class RunLife:
             raise
 
     async def _open(self) -> Opened:
+        opener = self.app.get(OPENER)
+        if opener is not None and (opened := await self._open_at_once(opener)) is not None:
+            return opened
         if self.key is not None:
             replay = await replays.claim(
                 self.request, self.tenant.name, self.key, self.body, self.spec.run_id
@@ -120,6 +126,34 @@ class RunLife:
             await asyncio.shield(self._give_back())
             raise
         return Opened(self.spec.run_id)
+
+    async def _open_at_once(self, opener: RedisOpener) -> Opened | None:
+        """With Redis: claim, reserve and record the run in one round trip. None when another
+        run holds the key (nothing was taken): the step-by-step path answers that repeat."""
+        app, spec = self.app, self.spec
+        claim = None
+        if self.key is not None:
+            fingerprint = body_fingerprint(self.body)
+            ttl = app[SETTINGS].idempotency_ttl
+            claim = KeyClaim(self.tenant.name, self.key, fingerprint, spec.run_id, ttl)
+        record = app[RUNS].record_for(spec)
+        try:
+            opening = await opener.open(
+                claim, quota_request(app, self.tenant, self.chat, spec.run_id), record
+            )
+        except QuotaExceeded as exc:
+            self.request[RATE_HEADERS] = {}  # a refusal carries its own
+            raise refused(app, exc) from None
+        if opening.held is not None:
+            return None
+        self.admission = opening.admission
+        self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
+        try:
+            await app[RUNS].start(spec, self.settle, record)
+        except BaseException:
+            await asyncio.shield(self._give_back())
+            raise
+        return Opened(spec.run_id)
 
     async def _give_back(self) -> None:
         """The run did not start: its reservation and its key go back."""

@@ -13,9 +13,20 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway.app_keys import DEFERRED, IDEMPOTENCY, LEDGER, METRICS, QUOTAS, REDIS, RUNS, SETTINGS
+from gateway.app_keys import (
+    DEFERRED,
+    IDEMPOTENCY,
+    LEDGER,
+    METRICS,
+    OPENER,
+    QUOTAS,
+    REDIS,
+    RUNS,
+    SETTINGS,
+)
 from gateway.ledger import JsonlLedger, RedisLedger, default_usage_file
 from gateway.redis_client import SharedRedis
+from gateway.redis_open import RedisOpener
 from gateway.runs.manager import RunManager
 from gateway.runs.store_memory import MemoryRunStore
 from gateway.runs.store_mirrored import MIRROR_RETENTION, MirroredRunStore
@@ -57,8 +68,9 @@ async def shared_state(app: web.Application) -> AsyncIterator[None]:
             _memory_store(settings, retention),
         )
         app[METRICS].retained_bytes.labels("runs").set_function(store.local.bytes_held)
-        app[QUOTAS] = RedisQuotaStore(redis, prefix)
-        app[IDEMPOTENCY] = RedisIdempotencyStore(redis, prefix)
+        quotas = app[QUOTAS] = RedisQuotaStore(redis, prefix)
+        keys = app[IDEMPOTENCY] = RedisIdempotencyStore(redis, prefix)
+        app[OPENER] = RedisOpener(keys, quotas, store)
         app[LEDGER] = RedisLedger(redis, prefix, fallback=usage_file)
     else:
         health = StoreHealth()  # in-process: always there

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
@@ -157,7 +157,7 @@ class MemoryIdempotencyStore:
 
 
 # KEYS: claim key; ARGV: claim json, ttl ms. Returns {1, json} when stored, {0, stored json}.
-_CLAIM = """
+CLAIM = """
 local stored = redis.call('GET', KEYS[1])
 if stored then return {0, stored} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -197,7 +197,7 @@ class RedisIdempotencyStore:
     def __init__(self, redis: Redis, prefix: str = "sluice:") -> None:
         self.redis = redis
         self.prefix = prefix
-        self._claim = redis.register_script(_CLAIM)
+        self._claim = redis.register_script(CLAIM)
         self._release = redis.register_script(_RELEASE)
         self._remember = redis.register_script(_REMEMBER)
 
@@ -209,11 +209,21 @@ class RedisIdempotencyStore:
     async def claim(
         self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
     ) -> Claim:
+        keys, args = self.claim_call(tenant, key, fingerprint, run_id, ttl)
+        return self.claimed(*await self._claim(keys=keys, args=args))
+
+    def claim_call(
+        self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
+    ) -> tuple[list[str], list[Any]]:
+        """The claim script's keys and args: it also runs as part of a larger one
+        (gateway/redis_open.py)."""
         _check_ttl(ttl)
         value = orjson.dumps({"run_id": run_id, "fingerprint": fingerprint, "created": time.time()})
-        fresh, stored = await self._claim(
-            keys=[self._key(tenant, key)], args=[value, max(1, round(ttl * 1000))]
-        )
+        return [self._key(tenant, key)], [value, max(1, round(ttl * 1000))]
+
+    @staticmethod
+    def claimed(fresh: int, stored: bytes) -> Claim:
+        """The claim script's reply as a Claim."""
         d = orjson.loads(stored)
         answer = d["answer"].encode() if "answer" in d else None
         return Claim(d["run_id"], d["fingerprint"], d["created"], fresh=fresh == 1, answer=answer)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -43,7 +44,7 @@ _KEYS = "local W, A, H, L, P, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], K
 #       11 slot expiry, 12 window ttl ms, 13 live ttl ms, 14 budget ttl ms, 15 period index
 # Returns {status (1 admitted, 0 refused or peek, -1 run already live), requests, tokens held,
 #          oldest admission (-1: none), live, budget used, requests retry µs, tokens retry µs}
-_ADMIT = (
+ADMIT = (
     _KEYS
     + """
 local mode, now, run = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -184,7 +185,7 @@ class RedisQuotaStore:
         self.prefix = prefix
         self.clock = clock
         self._live_ttl = micros(live_ttl)
-        self._admit = redis.register_script(_ADMIT)
+        self._admit = redis.register_script(ADMIT)
         self._release = redis.register_script(_RELEASE)
 
     def _keys(self, tenant: str, period: tuple[int, int] | None) -> list[str]:
@@ -194,6 +195,10 @@ class RedisQuotaStore:
 
     async def admit(self, request: QuotaRequest) -> Admission:
         snap, status = await self._run(request.tenant, request.limits, "admit", request)
+        return self.admission(request, snap, status)
+
+    def admission(self, request: QuotaRequest, snap: Snapshot, status: int) -> Admission:
+        """The admit script's answer as an Admission; raises the refusal (QuotaExceeded)."""
         if status == -1:
             raise ValueError(f"run {request.run_id} is already admitted")
         if status == 0:
@@ -221,6 +226,14 @@ class RedisQuotaStore:
     async def _run(
         self, tenant: str, limits: QuotaLimits, mode: str, request: QuotaRequest | None
     ) -> tuple[Snapshot, int]:
+        keys, args, now = self.admit_call(tenant, limits, mode, request)
+        return self.reply(await self._admit(keys=keys, args=args), now)
+
+    def admit_call(
+        self, tenant: str, limits: QuotaLimits, mode: str, request: QuotaRequest | None
+    ) -> tuple[list[str], list[Any], int]:
+        """The admit script's keys and args, and the time (µs) they were taken at: the script
+        also runs as part of a larger one (gateway/redis_open.py)."""
         now = micros(self.clock())
         window = micros(WINDOW)
         period = budget_period(now, limits)
@@ -246,7 +259,11 @@ class RedisQuotaStore:
             budget_ms,
             period[1] if period else -1,
         ]
-        reply = await self._admit(keys=self._keys(tenant, period), args=args)
+        return self._keys(tenant, period), args, now
+
+    @staticmethod
+    def reply(reply: list[Any], now: int) -> tuple[Snapshot, int]:
+        """The admit script's reply: the tenant's snapshot and the status."""
         if reply[0] == -1:
             return Snapshot(now), -1
         status, requests, held, oldest, live, used, req_retry, tok_retry = (int(v) for v in reply)

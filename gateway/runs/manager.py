@@ -130,9 +130,8 @@ class RunManager:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    async def start(self, spec: RunSpec, settle: Settle | None = None) -> RunDriver:
-        """Create the run and start driving it; `settle` runs with its outcome once it is over.
-        The caller attaches to follow it."""
+    def record_for(self, spec: RunSpec) -> RunRecord:
+        """The new run's record, as this replica creates it."""
         chat = spec.chat
         record = RunRecord(
             spec.run_id, spec.tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
@@ -140,7 +139,17 @@ class RunManager:
         record.meta.update(spec.meta)
         if spec.safety is not None:  # what policy judged this run's text (design §3)
             record.meta["safety"] = {"policy": spec.safety.name, "digest": spec.safety.digest}
-        await self.store.create(record)
+        return record
+
+    async def start(
+        self, spec: RunSpec, settle: Settle | None = None, record: RunRecord | None = None
+    ) -> RunDriver:
+        """Create the run and start driving it; `settle` runs with its outcome once it is over.
+        The caller attaches to follow it. `record`: the store has it already (from
+        `record_for`, written with the request's claim and admission)."""
+        if record is None:
+            record = self.record_for(spec)
+            await self.store.create(record)
         driver = RunDriver(
             spec,
             self.store,

@@ -67,6 +67,11 @@ class MirroredRunStore:
 
     async def create(self, record: RunRecord) -> None:
         await self.shared.create(record)  # refused at once while Redis is away: a 503
+        await self.adopt(record)
+
+    async def adopt(self, record: RunRecord) -> None:
+        """Mirror a run whose record Redis already has (written with its claim and admission,
+        gateway/redis_open.py)."""
         await self.local.create(RunRecord(**{f: getattr(record, f) for f in _FIELDS}))
 
     async def get(self, run_id: str) -> RunRecord:

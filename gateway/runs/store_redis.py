@@ -130,11 +130,17 @@ class RedisRunStore:
 
     async def create(self, record: RunRecord) -> None:
         """The run's record, in one round trip (a script: refused if the id is taken)."""
+        keys, args = self.create_call(record)
+        if not await self._create(keys=keys, args=args):
+            raise ValueError(f"run {record.run_id} exists")
+
+    def create_call(self, record: RunRecord) -> tuple[list[str], list[Any]]:
+        """The create script's keys and args: it also runs as part of a larger one
+        (gateway/redis_open.py)."""
         args: list[Any] = [self.live_ttl]
         for name, value in self.record_fields(record).items():
             args += [name, value]
-        if not await self._create(keys=self._keys(record.run_id)[:1], args=args):
-            raise ValueError(f"run {record.run_id} exists")
+        return self._keys(record.run_id)[:1], args
 
     def queue_restore(self, pipe: Any, record: RunRecord, events: LogEvents) -> None:
         """Queue writing a run back whole (Redis lost it, restarted empty): its record as the
