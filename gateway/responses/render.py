@@ -62,7 +62,11 @@ class ResponseRenderer:
         self.suffix = response_id.removeprefix("resp_")
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the output item still being written
+        # NOTE: the open message's text as its deltas came, joined only when it is shown (its
+        # done events, a response snapshot): appending to one string copies it every time
+        self.pieces: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}  # by the chunk's call index
+        self.index_of: dict[str, int] = {}  # output index by item id
         self.finish_reason: str | None = None
         self.sequence = 0
 
@@ -106,14 +110,15 @@ class ResponseRenderer:
         item = self.open
         if item is None or item["type"] != "message":
             events += self._close("completed")
+            self.pieces = []
             item = self.open = {
-                "id": f"msg_{self.suffix}",
+                "id": f"msg_{self.suffix}_{len(self.output)}",
                 "type": "message",
                 "status": "in_progress",
                 "role": "assistant",
                 "content": [],
             }
-            index = len(self.output)
+            index = self.index_of[item["id"]] = len(self.output)
             self.output.append(item)
             events.append(
                 self._event("response.output_item.added", output_index=index, item=_copy(item))
@@ -123,7 +128,7 @@ class ResponseRenderer:
             events.append(
                 self._event("response.content_part.added", **self._at(item), part=_copy(part))
             )
-        item["content"][0]["text"] += text
+        self.pieces.append(text)
         events.append(
             self._event("response.output_text.delta", **self._at(item), delta=text, logprobs=[])
         )
@@ -136,14 +141,14 @@ class ResponseRenderer:
         if item is None:
             events += self._close("completed")
             item = self.open = self.calls[call["index"]] = {
-                "id": f"fc_{self.suffix}_{call['index']}",
+                "id": f"fc_{self.suffix}_{len(self.output)}",
                 "type": "function_call",
                 "status": "in_progress",
                 "call_id": call.get("id") or "",
                 "name": function.get("name") or "",
                 "arguments": "",
             }
-            index = len(self.output)
+            index = self.index_of[item["id"]] = len(self.output)
             self.output.append(item)
             events.append(
                 self._event("response.output_item.added", output_index=index, item=_copy(item))
@@ -154,7 +159,7 @@ class ResponseRenderer:
                 self._event(
                     "response.function_call_arguments.delta",
                     item_id=item["id"],
-                    output_index=self.output.index(item),
+                    output_index=self.index_of[item["id"]],
                     delta=function["arguments"],
                 )
             )
@@ -162,11 +167,12 @@ class ResponseRenderer:
 
     def _close(self, status: str) -> list[dict[str, Any]]:
         """The `done` events of the item being written, if any."""
+        self._join()
         item, self.open = self.open, None
         if item is None:
             return []
         item["status"] = status
-        index = self.output.index(item)
+        index = self.index_of[item["id"]]
         events: list[dict[str, Any]] = []
         if item["type"] == "message":
             part = item["content"][0]
@@ -191,13 +197,23 @@ class ResponseRenderer:
         return events
 
     def _at(self, item: dict[str, Any]) -> dict[str, Any]:
-        return {"item_id": item["id"], "output_index": self.output.index(item), "content_index": 0}
+        return {
+            "item_id": item["id"],
+            "output_index": self.index_of[item["id"]],
+            "content_index": 0,
+        }
 
     # -- the object ----------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        """The open message's text, joined from its pieces."""
+        if self.open is not None and self.open["type"] == "message":
+            self.open["content"][0]["text"] = "".join(self.pieces)
 
     def response(self, status: str, terminal: TerminalRecord | None = None) -> dict[str, Any]:
         """The response object as it stands: `status`, the output so far; with the run's
         `terminal` record, its error, usage and completion time."""
+        self._join()
         p = self.params
         body: dict[str, Any] = {
             "id": self.response_id,
