@@ -39,7 +39,9 @@ EVENT_OVERHEAD = 120  # bytes a live event costs beyond its payload (tuple, int,
 class _Entry:
     record: RunRecord
     events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # NOTE: made by the first waiter and dropped once set, so an append nobody waits for makes
+    # no Event, and an ended run (which nobody waits on) keeps none.
+    changed: asyncio.Event | None = None
     followers: int = 0
     event_bytes: int = 0
 
@@ -79,8 +81,9 @@ class MemoryRunStore:
         return entry
 
     def _notify(self, entry: _Entry) -> None:
-        entry.changed.set()
-        entry.changed = asyncio.Event()
+        if entry.changed is not None:
+            entry.changed.set()
+            entry.changed = None
 
     async def create(self, record: RunRecord) -> None:
         self._expire()
@@ -168,6 +171,8 @@ class MemoryRunStore:
     async def wait(self, run_id: str, after: int) -> None:
         entry = self._entry(run_id)
         while not (entry.record.last_seq > after or entry.record.status.is_terminal):
+            if entry.changed is None:
+                entry.changed = asyncio.Event()
             await entry.changed.wait()
             if self._runs.get(run_id) is not entry:
                 raise UnknownRun(run_id)  # discarded while waiting
