@@ -178,13 +178,17 @@ class RunLife:
     async def settle(self, outcome: RunOutcome) -> None:
         """The run is over: its ending with its key, the unused reservation refunded, one
         usage record. A Redis outage defers the first two (gateway/store_health.py); the
-        record falls back to this host's file (gateway/ledger.py)."""
+        record falls back to this host's file (gateway/ledger.py). The three are independent,
+        so they go together (with Redis: one pipeline)."""
         app, deferred = self.app, self.app[DEFERRED]
+        writes = [app[LEDGER].append(usage_record(outcome))]
         if self.key is not None:
             key, terminal = self.key, outcome.terminal
-            await deferred.run(
-                "idempotency ending",
-                lambda: replays.remember(app, outcome.tenant, key, outcome.run_id, terminal),
+            writes.append(
+                deferred.run(
+                    "idempotency ending",
+                    lambda: replays.remember(app, outcome.tenant, key, outcome.run_id, terminal),
+                )
             )
         prompt = outcome.prompt_tokens
         if self.admission is not None:
@@ -192,8 +196,11 @@ class RunLife:
             used = (prompt if prompt is not None else prompt_estimate(self.chat)) + (
                 outcome.generated_tokens
             )
-            await deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
-        await app[LEDGER].append(usage_record(outcome))
+            release = deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
+            writes.append(release)
+        for result in await asyncio.gather(*writes, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
 
 def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) -> bool:
