@@ -35,11 +35,12 @@ from gateway.responses.request import ResponseParams, chat_body, renamed, respon
 from gateway.responses.stream import last_sequence, stream_response
 from gateway.run_life import RunLife
 from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
+from workers.limits import shown
 
 
 def _not_found(response_id: str, param: str = "id") -> APIError:
     return APIError(
-        404, f"No response found with id '{response_id}'.", param=param, code="not_found"
+        404, f"No response found with id {shown(response_id)}.", param=param, code="not_found"
     )
 
 
@@ -72,7 +73,7 @@ async def _history(request: web.Request, params: ResponseParams) -> list[dict[st
     if record.terminal is None:
         raise invalid_request(
             "previous_response_id",
-            f"Response '{previous}' is still in progress; continue it once it has ended.",
+            f"Response {shown(previous)} is still in progress; continue it once it has ended.",
         )
     return conversation_of(record)
 

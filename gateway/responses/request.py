@@ -110,8 +110,9 @@ def _check_fields(body: dict[str, Any]) -> None:
         if name in HONOURED:
             continue
         if name not in REFUSED:
+            param = name if len(name) <= 40 else None  # a field name, not a place for bytes
             raise invalid_request(
-                name, f"Unknown parameter: {shown(name)}.", code="unknown_parameter"
+                param, f"Unknown parameter: {shown(name)}.", code="unknown_parameter"
             )
         if value is not None and value != REFUSED[name]:
             raise invalid_request(
