@@ -22,6 +22,7 @@ from workers.app_keys import SERVICE
 from workers.config import DEVICES, DTYPES, WorkerConfig
 from workers.logs import configure_logging as configure_logs
 from workers.server import create_worker_app
+from workers.speculative import MODES
 
 log = structlog.get_logger("sluice.worker")
 
@@ -95,6 +96,19 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=float(_env("grammar-timeout") or _DEFAULTS.grammar_timeout_s),
         help="seconds a response format's or forced tool call's grammar may take to compile",
+    )
+    parser.add_argument(
+        "--speculative",
+        choices=MODES,
+        default=_env("speculative") or _DEFAULTS.speculative,
+        help="speculative decoding of greedy requests: drafts looked up in the prompt and "
+        "output so far, verified in one forward pass (off: one token per step)",
+    )
+    parser.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=int(_env("spec-tokens") or _DEFAULTS.spec_tokens),
+        help="most draft tokens a sequence verifies per step",
     )
     kv = parser.add_mutually_exclusive_group()
     kv.add_argument(
@@ -175,6 +189,8 @@ def run_worker(args: argparse.Namespace) -> int:
             kv_cache_memory=args.kv_cache_memory,
             max_body_bytes=args.max_body_bytes,
             grammar_timeout_s=args.grammar_timeout,
+            speculative=args.speculative,
+            spec_tokens=args.spec_tokens,
         )
     except ValueError as e:
         log.error("bad worker settings", error=str(e))

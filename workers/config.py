@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from workers.kv_cache import DEFAULT_KV_CACHE_MEMORY, parse_bytes
 from workers.limits import MAX_BODY_BYTES, worker_body_limit
+from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, MODES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -32,6 +33,9 @@ class WorkerConfig:
     max_body_bytes: int = worker_body_limit(MAX_BODY_BYTES)
     # a response format's or forced tool call's grammar must compile within this (else a 400)
     grammar_timeout_s: float = 5.0
+    # prompt-lookup speculative decoding of greedy sequences (workers/speculative.py), or off
+    speculative: str = DEFAULT_MODE
+    spec_tokens: int = DEFAULT_SPEC_TOKENS  # most draft tokens verified per sequence and step
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -52,6 +56,12 @@ class WorkerConfig:
         if not self.grammar_timeout_s > 0:
             raise ValueError(f"grammar_timeout_s must be positive, not {self.grammar_timeout_s}")
         parse_bytes(self.kv_cache_memory)  # raises ValueError on a bad size
+        if self.speculative not in MODES:
+            raise ValueError(
+                f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}"
+            )
+        if self.spec_tokens < 1:
+            raise ValueError(f"spec_tokens must be at least 1, not {self.spec_tokens}")
 
     def engine_kwargs(self) -> dict[str, object]:
         """The engine's sizing, as `Engine(...)` keyword arguments."""
@@ -62,4 +72,6 @@ class WorkerConfig:
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,
             "kv_cache_memory": self.kv_cache_memory,
+            "speculative": self.speculative,
+            "spec_tokens": self.spec_tokens,
         }

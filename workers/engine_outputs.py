@@ -46,3 +46,5 @@ class EngineStats:
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
     steps_total: int = 0  # engine steps run: a member with work whose count stands still is hung
+    spec_draft_tokens: int = 0  # speculative draft tokens verified (speculative.py)
+    spec_accepted_tokens: int = 0  # of those, the ones the model agreed with

@@ -36,6 +36,16 @@ _COUNTERS = (
     ),
     ("sluice_worker_preemptions", "Sequences preempted for recompute.", "preemptions_total"),
     ("sluice_worker_generated_tokens", "Tokens generated.", "generated_tokens_total"),
+    (
+        "sluice_worker_spec_draft_tokens",
+        "Prompt-lookup draft tokens verified.",
+        "spec_draft_tokens",
+    ),
+    (
+        "sluice_worker_spec_accepted_tokens",
+        "Draft tokens the model agreed with (each one a step saved).",
+        "spec_accepted_tokens",
+    ),
 )
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from workers.detokenizer import IncrementalDetokenizer
     from workers.grammar import CompiledGrammar, Matcher
+    from workers.speculative import NgramIndex
     from workers.stop import StopStringHoldback
     from workers.tool_parser import ToolCallParser
 
@@ -93,6 +94,11 @@ class SequenceState:
     cache_salt: int = NO_HASH  # the block manager's chain start (block_manager.salt_hash)
     shared_blocks: int = 0  # leading blocks hashed without the salt (block_manager.chain_parent)
     last_token_step: int = -1  # the engine step that produced the latest token
+    last_step_tokens: int = 0  # how many tokens that step produced (a verified draft: several)
+    # prompt-lookup speculation (speculative.py): the step's draft, also at the end of all_ids
+    # until it is settled, and the n-gram index it is looked up in
+    draft: list[int] = field(default_factory=list)
+    ngrams: NgramIndex | None = None
     hit_stop_string: bool = False
     tool_calls_sent: int = 0
     unsent: list[str | ToolCall] = field(default_factory=list)  # in order; adjacent texts merged

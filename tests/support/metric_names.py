@@ -12,6 +12,8 @@ WORKER_METRICS = frozenset(
         "sluice_worker_step_seconds",
         "sluice_worker_batch_tokens",
         "sluice_worker_generated_tokens",
+        "sluice_worker_spec_draft_tokens",
+        "sluice_worker_spec_accepted_tokens",
     }
 )
 

@@ -52,6 +52,8 @@ def test_defaults() -> None:
         "num_kv_blocks": None,
         "max_body_bytes": (4 << 20) + (64 << 10) + (1 << 20),  # the default, plus room
         "grammar_timeout": 5.0,
+        "speculative": "prompt-lookup",
+        "spec_tokens": 6,
     }
 
 
@@ -69,6 +71,8 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_MAX_BODY_BYTES", "2048")
     monkeypatch.setenv("SLUICE_GRAMMAR_TIMEOUT", "0.5")
     monkeypatch.setenv("SLUICE_STEP_TIME_TARGET", "0.2")
+    monkeypatch.setenv("SLUICE_SPECULATIVE", "off")
+    monkeypatch.setenv("SLUICE_SPEC_TOKENS", "3")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -83,6 +87,8 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "num_kv_blocks": 100,
         "max_body_bytes": 2048,
         "grammar_timeout": 0.5,
+        "speculative": "off",
+        "spec_tokens": 3,
     }
     assert parse(["--port", "9200", "--max-num-seqs", "8"]).port == 9200
     assert parse(["--max-num-seqs", "8"]).max_num_seqs == 8
@@ -108,6 +114,8 @@ def test_bad_choices_are_refused() -> None:
         {"block_size": 0},
         {"max_num_batched_tokens": 0},
         {"num_kv_blocks": 0},
+        {"speculative": "medusa"},
+        {"spec_tokens": 0},
         {"kv_cache_memory": "lots"},
         {"max_body_bytes": 0},
         {"grammar_timeout_s": 0},
