@@ -45,7 +45,12 @@ class PagedBatch:
     num_decode: int = 0  # the first `num_decode` tokens are one-token decodes
     decode_blocks: torch.Tensor | None = None  # [num_decode * width] block ids to read
     decode_context: int = 0  # width * block_size: the decodes' longest context, padded
-    decode_bias: torch.Tensor | None = None  # [num_decode, 1, 1, max_context]
+    decode_bias: torch.Tensor | None = None  # [1, num_decode, 1, max_context]
+    # The persistent decode rows (decode_rows.py), when they hold this step's decodes: then
+    # decode_bias is [num_decode, 1, 1, capacity] and no blocks are gathered.
+    row_keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
+    row_values: torch.Tensor | None = None
+    row_writes: torch.Tensor | None = None  # [num_decode * kv_heads] where each new K/V row goes
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -82,6 +87,31 @@ def _decode_attention(
     return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
 
 
+def _decode_from_rows(
+    batch: PagedBatch,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
+
+    The new K/V joins each row first; rows 0..nd-1 are then read in place: [nd, KV, capacity, D]
+    is contiguous, so the batched matmuls need no gathering copy.
+    """
+    nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
+    kv_heads = key.shape[1]
+    rows_k, rows_v = batch.row_keys[layer], batch.row_values[layer]
+    for rows, new in ((rows_k, key), (rows_v, value)):
+        fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
+        rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh)
+    # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D]
+    q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).permute(2, 0, 1, 3)
+    o = _decode_attention(q, rows_k[:nd], rows_v[:nd], batch.decode_bias, scale)
+    return o.reshape(nd, heads, head_dim)
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -107,7 +137,9 @@ def paged_attention_forward(
 
     out = query.new_empty(tokens, heads, head_dim)
     nd = batch.num_decode
-    if nd:
+    if nd and batch.row_keys is not None:
+        out[:nd] = _decode_from_rows(batch, layer, query, key, value, scaling)
+    elif nd:
         # [H, nd, D] → [KV, G, nd, D] → [KV, nd, G, D]
         q = query[0, :, :nd].view(kv_heads, group, nd, head_dim).transpose(1, 2)
         bs = batch.cache.block_size

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan
+from workers.decode_rows import DecodeRows
 from workers.fused_layers import fuse_projections
 from workers.kv_cache import KVCache
 from workers.request import SequenceState
@@ -25,6 +26,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = cache.shape.dtype
         self.block_size = cache.block_size
+        self.rows = DecodeRows(cache)
         fuse_projections(model)
         model.set_attn_implementation(ATTENTION_NAME)
 
@@ -32,7 +34,30 @@ class ModelRunner:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
-    def _decode_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
+    def _decode_metadata(
+        self, batch: PagedBatch, decodes: list[SequenceState]
+    ) -> list[SequenceState]:
+        """The decodes' attention inputs; returns the decodes in the order they run (row order).
+
+        Normally their persistent rows (decode_rows.py): where each new K/V goes and a length
+        mask. When the rows would outgrow the paged cache, the blocks to gather instead.
+        """
+        ordered = self.rows.arrange(decodes)
+        if ordered is None:
+            self._gather_metadata(batch, decodes)
+            return decodes
+        kv_heads, capacity = self.rows.keys.shape[2], self.rows.capacity
+        positions = torch.tensor([s.num_computed_tokens for s in ordered], device=self.device)
+        row_ids = torch.arange(len(ordered), device=self.device).unsqueeze(1)
+        heads = torch.arange(kv_heads, device=self.device)
+        batch.row_writes = ((row_ids * kv_heads + heads) * capacity + positions.unsqueeze(1)).view(
+            -1
+        )
+        batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
+        batch.decode_bias = self._length_bias(positions + 1, capacity).view(-1, 1, 1, capacity)
+        return ordered
+
+    def _gather_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
         # NOTE: the widest context comes from the host's own numbers: taking it from the device
         # tensor would make the CPU wait for the GPU every step.
         host_lengths = [s.num_computed_tokens + 1 for s in decodes]
@@ -44,10 +69,13 @@ class ModelRunner:
         )
         context = width * self.block_size
         batch.decode_context = context
+        batch.decode_bias = self._length_bias(lengths, context).view(1, len(decodes), 1, context)
+
+    def _length_bias(self, lengths: torch.Tensor, context: int) -> torch.Tensor:
+        """[len(lengths), context] float32: 0 where a position is visible, -inf past its end."""
         visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
-        bias.masked_fill_(~visible, float("-inf"))
-        batch.decode_bias = bias.view(1, len(decodes), 1, context)
+        return bias.masked_fill_(~visible, float("-inf"))
 
     def _prefill_span(self, seq: SequenceState, start: int, new: int) -> PrefillSpan:
         done = seq.num_computed_tokens
@@ -69,6 +97,9 @@ class ModelRunner:
         one row each, or 1 + len(seq.draft) consecutive rows for a sequence verifying a draft."""
         decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
         prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
+        batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
+        if decodes:
+            decodes = self._decode_metadata(batch, decodes)
         ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]
         positions: list[int] = [s.num_computed_tokens for s in decodes]
         slots: list[int] = [
@@ -77,9 +108,6 @@ class ModelRunner:
         ]
         samplers: list[SequenceState] = list(decodes)
         keep: list[int] = list(range(len(decodes)))
-        batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
-        if decodes:
-            self._decode_metadata(batch, decodes)
         for seq, new in prefills:
             start, done = len(ids), seq.num_computed_tokens
             ids += seq.all_ids[done : done + new]

@@ -1,0 +1,84 @@
+"""The persistent decode rows: decoding over them streams exactly what gathering blocks streams,
+through joins, departures and preemption; a steady decode copies each sequence in once; a batch
+that would outgrow the paged cache falls back to gathering."""
+
+from __future__ import annotations
+
+import random
+
+from tests.support.worker_lines import wire
+from workers.decode_rows import DecodeRows
+from workers.engine import Engine
+from workers.request import EngineRequest
+from workers.sampling_params import SamplingParams
+
+WORDS = ["world", "café", "def f(x):", "naïve", "über", "ok", "straße", "🚀"]
+
+
+def prompts(tokenizer, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for words in lengths:
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def stream(engine: Engine, all_ids: list[list[int]], max_tokens: list[int]) -> dict[str, str]:
+    """Submit every prompt at once (greedy) and return each request's streamed text."""
+    for i, (ids, new) in enumerate(zip(all_ids, max_tokens, strict=True)):
+        params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+        engine.add_request(EngineRequest(f"r{i}", ids, params))
+    texts = {f"r{i}": "" for i in range(len(all_ids))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            texts[out.request_id] += "".join(
+                e["text"] for e in wire(out.events) if e["type"] == "text"
+            )
+    return texts
+
+
+def gathering(monkeypatch) -> None:
+    """From now on, engines attend by gathering blocks (the rows never take a batch)."""
+    monkeypatch.setattr(DecodeRows, "arrange", lambda self, decodes: None)
+
+
+def test_rows_stream_what_gathering_streams_through_joins_leaves_and_preemption(
+    tiny, monkeypatch
+) -> None:
+    model, tokenizer = tiny
+    all_ids = prompts(tokenizer, [random.Random(i).randint(1, 30) for i in range(12)])
+    lengths = [8 + 3 * i for i in range(12)]  # requests leave the batch one by one
+    settings = dict(max_num_seqs=6, num_kv_blocks=40, block_size=8, max_num_batched_tokens=48)
+    engine = Engine(model, tokenizer, **settings)
+    rows = stream(engine, all_ids, lengths)
+    assert engine.stats().preemptions_total > 0, "the pool should be small enough to preempt"
+    assert engine.runner.rows.copied_in >= len(all_ids)
+    gathering(monkeypatch)
+    assert stream(Engine(model, tokenizer, **settings), all_ids, lengths) == rows
+    assert all(len(text) > 0 for text in rows.values())
+
+
+def test_a_steady_decode_copies_each_sequence_in_once(tiny) -> None:
+    model, tokenizer = tiny
+    all_ids = prompts(tokenizer, [10, 10, 10, 10])
+    # without drafts: a sequence verifying one runs as a chunk that step and is copied in again
+    engine = Engine(
+        model, tokenizer, max_num_seqs=4, num_kv_blocks=64, block_size=8, speculative="off"
+    )
+    stream(engine, all_ids, [40] * 4)
+    assert engine.runner.rows.copied_in == 4
+    assert engine.runner.rows.capacity >= max(map(len, all_ids)) + 39  # the last step's position
+
+
+def test_a_batch_that_would_outgrow_the_cache_gathers_instead(tiny, monkeypatch) -> None:
+    model, tokenizer = tiny
+    all_ids = prompts(tokenizer, [60, 1, 1, 1], seed=3)
+    # enough blocks for the one long and three short sequences, not four rows as long as the first
+    blocks = sum(-(-(len(ids) + 16) // 8) for ids in all_ids)
+    settings = dict(max_num_seqs=4, num_kv_blocks=blocks, block_size=8)
+    engine = Engine(model, tokenizer, **settings)
+    texts = stream(engine, all_ids, [16] * 4)
+    assert engine.runner.rows.keys is None, "the rows gave the batch up"
+    gathering(monkeypatch)
+    assert stream(Engine(model, tokenizer, **settings), all_ids, [16] * 4) == texts
