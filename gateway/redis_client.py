@@ -90,18 +90,15 @@ class GatewayRedis(Redis):
         # each command's own, errors included; a lost Redis fails them all.
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        if not self._queued:
-            loop.call_soon(self._flush)
+        if not self._queued:  # the first of this turn: the sender starts at the next one
+            task = loop.create_task(self._send())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
         self._queued.append((args, options, done))
         return await done
 
-    def _flush(self) -> None:
+    async def _send(self) -> None:
         batch, self._queued = self._queued, []
-        task = asyncio.get_running_loop().create_task(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[_Queued]) -> None:
         try:
             if len(batch) == 1:
                 args, options, _ = batch[0]
