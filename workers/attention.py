@@ -3,7 +3,9 @@
 The model runs one flattened batch per step: every scheduled sequence's new tokens side by side
 in a single row. Each attention layer then (1) writes the new keys and values into their cache
 slots and (2) attends per sequence over that sequence's slots: all single-token decodes together
-in one SDPA call, padded to the longest context and masked; each prefill chunk on its own, causal.
+in two batched matmuls, padded to the longest context and masked, over their persistent rows
+(decode_rows.py; gathered from blocks when the rows do not hold them); each prefill chunk on its
+own, causal.
 
 NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
 `repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
