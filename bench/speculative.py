@@ -11,7 +11,9 @@ wave, repeated `--repeats` times, so a slow spell of the shared machine falls on
            tokens counts k times, gap / k), median and p90
   accept   draft tokens the model agreed with / draft tokens verified
   tok/ver  tokens a verifying sequence emitted per step (accepted + the model's own one)
-  same     the two modes' outputs are identical, token for token (greedy)
+  same     requests whose output is identical in both modes, token for token (in bfloat16 a
+           verified position's logits round differently from a one-token step's, so a near-tie
+           can go the other way; in float32 every output is the same)
 
     .venv/bin/python bench/speculative.py                 # c=1 and c=8, bfloat16
     .venv/bin/python bench/speculative.py --concurrency 1 --repeats 1 --max-new-tokens 64
@@ -180,7 +182,7 @@ def print_table(args: argparse.Namespace, results: dict[int, dict[str, Tally]]) 
     )
     print(
         f"{'speculative':<16}{'c':>3}{'tokens':>8}{'tok/s':>8}{'ITL p50':>9}{'p90':>8}"
-        f"{'accept':>8}{'tok/ver':>8}{'same':>6}{'speed-up':>10}"
+        f"{'accept':>8}{'tok/ver':>8}{'same':>7}{'speed-up':>10}"
     )
     for c, tallies in results.items():
         base = tallies["off"]
@@ -189,12 +191,13 @@ def print_table(args: argparse.Namespace, results: dict[int, dict[str, Tally]]) 
             accept = f"{t.accepted / t.drafted:.0%}" if t.drafted else "-"
             emitted = t.accepted + t.verifications
             per_ver = f"{emitted / t.verifications:.2f}" if t.verifications else "-"
-            same = "yes" if t.outputs == base.outputs else "NO"
+            matching = sum(t.outputs[k] == out for k, out in base.outputs.items())
+            same = f"{matching}/{len(base.outputs)}"
             ratio = tok_s / (base.tokens / base.wall)
             print(
                 f"{mode:<16}{c:>3}{t.tokens:>8}{tok_s:>8.1f}"
                 f"{percentile(t.itls, 50) * 1000:>9.1f}{percentile(t.itls, 90) * 1000:>8.1f}"
-                f"{accept:>8}{per_ver:>8}{same:>6}{ratio:>9.2f}x"
+                f"{accept:>8}{per_ver:>8}{same:>7}{ratio:>9.2f}x"
             )
 
 
