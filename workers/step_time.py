@@ -13,11 +13,13 @@ back anyway, so timing never adds a device sync.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 Clock = Callable[[], float]
 
 EWMA_WEIGHT = 0.1  # the newest step's share: about the last 20 steps count
+RECENT_STEPS = 8  # steps whose seconds per token bound the slope (short: a slowdown shows soon)
 # NOTE: when decodes alone already outrun the target (a slow device, a big batch), prefill
 # still gets this share of the decodes' own time, so queued prompts keep moving and a step with
 # prefill stays within about 1.5x a decode-only step.
@@ -33,6 +35,7 @@ class StepTimeModel:
         self.weight = weight
         self.steps = 0
         self._x = self._y = self._xx = self._xy = 0.0  # weighted means of t, s, t^2, t*s
+        self._per_token: deque[float] = deque(maxlen=RECENT_STEPS)  # each recent step's s / t
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One step ran `tokens` tokens in `seconds`."""
@@ -43,23 +46,26 @@ class StepTimeModel:
         self._y += w * (seconds - self._y)
         self._xx += w * (tokens * tokens - self._xx)
         self._xy += w * (tokens * seconds - self._xy)
+        self._per_token.append(seconds / tokens)
         self.steps += 1
 
     @property
     def per_token(self) -> float | None:
         """Marginal seconds per token; None before the first step.
 
-        NOTE: clamped to [0, mean seconds per token] (the fixed part is never negative nor
-        above a whole step): while every step has had about the same size the slope is not
-        known, and the mean per-token time is the cautious guess; larger steps then teach it."""
+        NOTE: a step of n tokens in s seconds bounds the slope by s / n (its fixed part is not
+        negative), and the largest recent steps bound it tightest. The fit is clamped to that
+        bound, which is also the cautious guess while the steps' sizes have not spread enough
+        to read a slope (or noise makes it negative): a busy machine's long fixed part then
+        does not pass for per-token cost and starve prefill."""
         if self.steps == 0:
             return None
-        mean = self._y / self._x
+        bound = min(self._per_token)
         variance = self._xx - self._x * self._x
         if variance < 1.0:  # step sizes within about a token of each other: no slope to read
-            return mean
+            return bound
         slope = (self._xy - self._x * self._y) / variance
-        return min(max(slope, 0.0), mean)
+        return bound if slope <= 0 else min(slope, bound)
 
     def predict(self, tokens: int) -> float | None:
         """Expected seconds of a step of `tokens` tokens; None before the first step."""
