@@ -199,3 +199,24 @@ def test_an_abort_after_a_verified_step_counts_that_steps_tokens_as_tail(looping
     assert finish["reason"] == "abort" and finish["tail_tokens"] == tail
     assert finish["completion_tokens"] == sent + len(tokens_of(events))
     assert_no_leaks(engine)
+
+
+def test_logprobs_of_accepted_tokens_are_those_of_one_token_steps(looping) -> None:
+    model, tokenizer = looping
+    ids = ids_of(tokenizer, PROMPTS[4])
+    params = {"max_tokens": 30, "logprobs": True, "top_logprobs": 2}
+    plain = run(engine_for(model, tokenizer, "off"), {"r": (ids, params)})["r"]
+    engine = engine_for(model, tokenizer)
+    events = run(engine, {"r": (ids, params)})["r"]
+
+    def logprobs(lines: list[dict]) -> list[dict]:
+        return [item for e in lines if e["type"] == "text" for item in e["logprobs"]]
+
+    assert engine.stats().spec_accepted_tokens > 0
+    assert len(logprobs(events)) == 30
+    for ours, theirs in zip(logprobs(events), logprobs(plain), strict=True):
+        assert ours["token"] == theirs["token"]
+        assert ours["logprob"] == pytest.approx(theirs["logprob"], abs=1e-4)
+        assert [t["token"] for t in ours["top_logprobs"]] == [
+            t["token"] for t in theirs["top_logprobs"]
+        ]
