@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 MODES = ("off", "prompt-lookup")
 DEFAULT_MODE = "prompt-lookup"
 DEFAULT_SPEC_TOKENS = 6
+# NOTE: each verifying sequence is a chunk of its own in the attention (its own call per layer),
+# where plain decodes share one batched call: past a few decodes a step, the extra calls cost more
+# than the accepted tokens save (bench/speculative.py at c=8 on a CPU), so larger batches decode
+# one token at a time.
+MAX_SPECULATING_DECODES = 4
 MAX_NGRAM = 3
 MIN_NGRAM = 1
 
@@ -105,7 +110,8 @@ class Speculator:
 
     A draft sits at the end of `seq.all_ids` (and in `seq.draft`) from `extend` until `settle`
     or `discard`. It is spare work: it takes only the step's unused token budget and blocks that
-    are free, never preempts, and never displaces a decode or a prefill chunk."""
+    are free, never preempts, and never displaces a decode or a prefill chunk. A step with more
+    than MAX_SPECULATING_DECODES decodes drafts nothing."""
 
     def __init__(self, mode: str = DEFAULT_MODE, spec_tokens: int = DEFAULT_SPEC_TOKENS) -> None:
         if mode not in MODES:
@@ -123,7 +129,7 @@ class Speculator:
         """Give each eligible decode in `work` a draft (in place: its entry then computes the
         draft too), within `spare` tokens, never more than its `max_tokens` leaves room for
         (the verification adds one token of the target's own)."""
-        if not self.enabled:
+        if not self.enabled or sum(new == 1 for _, new in work) > MAX_SPECULATING_DECODES:
             return
         for i, (seq, new) in enumerate(work):
             if spare < 1:

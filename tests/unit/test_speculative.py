@@ -8,7 +8,13 @@ from workers.block_manager import BlockManager
 from workers.request import SequenceState
 from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
-from workers.speculative import NgramIndex, Speculator, accepted_tokens, can_speculate
+from workers.speculative import (
+    MAX_SPECULATING_DECODES,
+    NgramIndex,
+    Speculator,
+    accepted_tokens,
+    can_speculate,
+)
 
 
 def make_seq(tokens: list[int], output: int = 1, **params) -> SequenceState:
@@ -153,3 +159,14 @@ def test_off_proposes_nothing_and_settings_are_checked():
         Speculator("medusa")
     with pytest.raises(ValueError, match="spec_tokens"):
         Speculator("prompt-lookup", 0)
+
+
+def test_a_large_batch_of_decodes_drafts_nothing():
+    seqs = [make_seq([1, 2, 3, 1, 2]) for _ in range(MAX_SPECULATING_DECODES + 1)]
+    sched, work = scheduled(seqs, blocks=64)
+    Speculator("prompt-lookup", 4).extend(work, sched, spare=100)
+    assert all(new == 1 and not seq.draft for seq, new in work)
+    fewer = [make_seq([1, 2, 3, 1, 2]) for _ in range(MAX_SPECULATING_DECODES)]
+    sched, work = scheduled(fewer, blocks=64)
+    Speculator("prompt-lookup", 4).extend(work, sched, spare=100)
+    assert all(new > 1 and seq.draft for seq, new in work)
