@@ -57,6 +57,31 @@ class _HiredisPackedConnection(Connection):
         except TypeError as exc:
             raise DataError(str(exc)) from exc
 
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        # NOTE: redis-py bounds every write with asyncio.wait_for, which on Python 3.11 is a
+        # task and a turn of the loop per command; asyncio.timeout bounds the same drain (the
+        # write itself is done at once) in the caller's own task.
+        if not self.is_connected or (check_health and self.health_check_interval):
+            await super().send_packed_command(command, check_health)
+            return
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
+        try:
+            self._writer.writelines(command)
+            async with asyncio.timeout(self.socket_timeout):
+                await self._writer.drain()  # raises here if the connection was lost
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {exc.args}") from exc
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
 
 class _GatewayPipeline(Pipeline):
     health: StoreHealth

@@ -16,6 +16,7 @@ from gateway import redis_client
 from gateway.local_worker import free_port
 from gateway.redis_client import SharedRedis
 from gateway.runs.store import StoreUnavailable
+from tests.support.redis_server import PrivateRedis
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -92,3 +93,19 @@ async def test_a_redis_out_of_reach_fails_every_command_of_the_batch():
         assert not client.health.available
     finally:
         await client.close()
+
+
+async def test_a_connection_left_stale_by_a_restart_costs_no_command(tmp_path):
+    server = PrivateRedis(tmp_path)
+    server.start()
+    client = SharedRedis(server.url)
+    try:
+        await client.redis.set("k", 1)  # a pooled connection to the server about to go
+        server.kill()
+        server.start()  # same port, empty
+        assert await client.redis.set("k", 2)  # the write to the dead connection fails: retried
+        assert await client.redis.get("k") == b"2"
+        assert client.health.available
+    finally:
+        await client.close()
+        server.stop()
