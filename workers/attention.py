@@ -49,9 +49,10 @@ class PagedBatch:
     decode_context: int = 0  # width * block_size: the decodes' longest context, padded
     decode_bias: torch.Tensor | None = None  # [1, num_decode, 1, max_context]
     # The persistent decode rows (decode_rows.py), when they hold this step's decodes: then
-    # decode_bias is [num_decode, 1, 1, capacity] and no blocks are gathered.
+    # decode_bias is [rows in use, 1, 1, capacity] and no blocks are gathered.
     row_keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
     row_values: torch.Tensor | None = None
+    row_index: torch.Tensor | None = None  # [num_decode] each decode's row; None: row i is decode i
     row_writes: torch.Tensor | None = None  # [num_decode * kv_heads] where each new K/V row goes
     prefills: list[PrefillSpan] = field(default_factory=list)
 
@@ -99,18 +100,24 @@ def _decode_from_rows(
 ) -> torch.Tensor:
     """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
 
-    The new K/V joins each row first; rows 0..nd-1 are then read in place: [nd, KV, capacity, D]
-    is contiguous, so the batched matmuls need no gathering copy.
+    The new K/V joins each row first; rows 0..R-1 are then read in place ([R, KV, capacity, D] is
+    contiguous, so the batched matmuls need no gathering copy). Each query goes to its
+    sequence's row; a row whose sequence does not decode this step (it runs a chunk, or the row
+    is free) gets a zero query and its output is dropped.
     """
     nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
-    kv_heads = key.shape[1]
+    kv_heads, used = key.shape[1], batch.decode_bias.shape[0]
     rows_k, rows_v = batch.row_keys[layer], batch.row_values[layer]
     for rows, new in ((rows_k, key), (rows_v, value)):
         fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
         rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh)
-    # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D]
+    # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D], placed at the decodes' rows
     q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).permute(2, 0, 1, 3)
-    o = _decode_attention(q, rows_k[:nd], rows_v[:nd], batch.decode_bias, scale)
+    if batch.row_index is not None:
+        q = q.new_zeros(used, *q.shape[1:]).index_copy_(0, batch.row_index, q)
+    o = _decode_attention(q, rows_k[:used], rows_v[:used], batch.decode_bias, scale)
+    if batch.row_index is not None:
+        o = o.index_select(0, batch.row_index)
     return o.reshape(nd, heads, head_dim)
 
 

@@ -28,15 +28,17 @@ def _round_up(value: int, step: int) -> int:
 
 
 class DecodeRows:
-    """Owns the row copies; `arrange` lines them up with a step's decodes."""
+    """Owns the row copies; `arrange` finds (or makes) each of a step's decodes its row."""
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
         self.keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
         self.values: torch.Tensor | None = None
-        self.seqs: list[SequenceState] = []  # row i holds seqs[i]'s past ...
+        self.seqs: list[SequenceState | None] = []  # row i holds seqs[i]'s past (None: free) ...
         self.lengths: list[int] = []  # ... positions 0 .. lengths[i] - 1
-        self.copied_in = 0  # sequences copied in from blocks, over the runner's life (tests)
+        self.tables: list[list[int]] = []  # ... read from (and written beside) these blocks
+        self.row_of: dict[int, int] = {}  # id(sequence) → its row
+        self.copied_in = 0  # sequences copied in whole from blocks, over the runner's life (tests)
 
     @property
     def capacity(self) -> int:
@@ -46,82 +48,118 @@ class DecodeRows:
     def num_rows(self) -> int:
         return 0 if self.keys is None else self.keys.shape[1]
 
-    def arrange(self, decodes: list[SequenceState]) -> list[SequenceState] | None:
-        """Make rows 0..n-1 hold exactly `decodes`' past K/V; return them in row order.
+    def arrange(
+        self, decodes: list[SequenceState], chunks: list[tuple[SequenceState, int]]
+    ) -> list[int] | None:
+        """The row of each of `decodes`, holding its past K/V; this step writes its next position.
 
-        Every returned sequence writes its next position (its `num_computed_tokens`) this step.
-        None: the rows would outgrow the paged cache; they are dropped and the caller gathers.
+        A held sequence running a chunk this step (a draft's verification) keeps its row: the
+        positions the row lacks are copied from its blocks when it decodes again. Called every
+        step, decodes or not, so no row outlives a step its sequence was absent from. None: the
+        rows would outgrow the paged cache; they are dropped and the caller gathers blocks.
         """
-        wanted = {id(s): s.num_computed_tokens for s in decodes}
-        self._drop_rows(lambda i: wanted.get(id(self.seqs[i])) != self.lengths[i])
-        if not self._fit(len(decodes), max(wanted.values()) + 1):
+        starts = {id(s): s.num_computed_tokens for s, _ in chunks}
+        starts.update((id(s), s.num_computed_tokens) for s in decodes)
+        self._free_stale(starts)
+        if not decodes:
+            return []
+        joining = [s for s in decodes if id(s) not in self.row_of]
+        # rows kept for a chunk this step must keep their past too
+        longest = max([max(s.num_computed_tokens for s in decodes) + 1, *self.lengths])
+        if not self._fit(len(self.row_of) + len(joining), longest):
             self.release()
             return None
-        held = {id(s) for s in self.seqs}
+        for seq in joining:
+            self._take_row(seq)
+        rows = []
         for seq in decodes:
-            if id(seq) not in held:
-                self._copy_in(seq)
-        self.lengths = [n + 1 for n in self.lengths]  # this step writes one more position
-        return list(self.seqs)
+            row = self.row_of[id(seq)]
+            if self.lengths[row] < seq.num_computed_tokens:
+                self._copy_in(seq, row, self.lengths[row])
+            self.lengths[row] = seq.num_computed_tokens + 1
+            self.tables[row] = list(seq.block_table)
+            rows.append(row)
+        return rows
 
     def release(self) -> None:
         """Forget every row and free the memory."""
         self.keys = self.values = None
-        self.seqs, self.lengths = [], []
+        self.seqs, self.lengths, self.tables, self.row_of = [], [], [], {}
 
-    def _drop_rows(self, stale) -> None:
-        """Remove stale rows, filling each hole with the last row (one row copied, not all)."""
-        row = 0
-        while row < len(self.seqs):
-            if not stale(row):
-                row += 1
+    def _free_stale(self, starts: dict[int, int]) -> None:
+        """Free the rows of sequences not in this step, behind their row, or whose blocks changed
+        (preempted and recomputed): those rows are no longer known to match their blocks."""
+        bs = self.cache.block_size
+        for row, seq in enumerate(self.seqs):
+            if seq is None:
                 continue
-            last = len(self.seqs) - 1
-            if row != last:
-                self.keys[:, row] = self.keys[:, last]
-                self.values[:, row] = self.values[:, last]
-                self.seqs[row], self.lengths[row] = self.seqs[last], self.lengths[last]
+            held = -(-self.lengths[row] // bs)
+            moved = seq.block_table[:held] != self.tables[row][:held]
+            if moved or starts.get(id(seq), -1) < self.lengths[row]:
+                del self.row_of[id(seq)]
+                self.seqs[row] = None
+        while self.seqs and self.seqs[-1] is None:
             self.seqs.pop()
             self.lengths.pop()
+            self.tables.pop()
+
+    def _take_row(self, seq: SequenceState) -> None:
+        """The first free row (or a new last one), filled from the sequence's blocks."""
+        row = self.seqs.index(None) if None in self.seqs else len(self.seqs)
+        if row == len(self.seqs):
+            self.seqs.append(None)
+            self.lengths.append(0)
+            self.tables.append([])
+        self.seqs[row], self.lengths[row], self.row_of[id(seq)] = seq, 0, row
+        self._copy_in(seq, row, 0)
+        self.copied_in += 1
 
     def _fit(self, rows: int, longest: int) -> bool:
-        """Grow (or shrink) the rows to hold `rows` sequences of up to `longest` positions."""
+        """Make room for `rows` sequences of up to `longest` positions, within the budget."""
         bs, budget = self.cache.block_size, self.cache.num_blocks * self.cache.block_size
         need = _round_up(longest, bs)
         if rows * need > budget:
             return False
         capacity = self.capacity
-        if need > capacity or need + 4 * bs < capacity or rows * capacity > budget:
-            # a block of headroom (a reshape every block_size steps), within the budget
-            capacity = min(need + bs, budget // rows)
-        count = self.num_rows if rows <= self.num_rows else max(rows, 2 * self.num_rows)
+        # NOTE: never shrink under held rows: which sequences decode changes step by step (drafts),
+        # and a capacity that followed the step's longest would copy every row back and forth.
+        shrink = not self.row_of and need + 4 * bs < capacity
+        if need > capacity or shrink or rows * capacity > budget:
+            capacity = min(need + bs, budget // rows)  # a block of headroom, within the budget
+        count = max(rows, len(self.seqs))
+        if count > self.num_rows:
+            count = max(count, 2 * self.num_rows)
         count = min(count, budget // capacity)
-        if capacity != self.capacity or count != self.num_rows:
+        if capacity != self.capacity or count < len(self.seqs) or count > self.num_rows:
             self._reshape(count, capacity)
         return True
 
     def _reshape(self, count: int, capacity: int) -> None:
+        """New tensors; the held rows move over packed (rows 0..n-1, holes closed)."""
         cache = self.cache
         layers, kv_heads, _, head_dim = cache.keys.shape
         size = (layers, count, kv_heads, capacity, head_dim)
-        keys = cache.keys.new_zeros(size)
-        values = cache.values.new_zeros(size)
-        held, keep = len(self.seqs), min(capacity, self.capacity)
+        keys, values = cache.keys.new_zeros(size), cache.values.new_zeros(size)
+        held = [row for row, seq in enumerate(self.seqs) if seq is not None]
         if held:
-            keys[:, :held, :, :keep] = self.keys[:, :held, :, :keep]
-            values[:, :held, :, :keep] = self.values[:, :held, :, :keep]
+            keep = min(capacity, self.capacity)
+            index = torch.tensor(held, device=keys.device)
+            keys[:, : len(held), :, :keep] = self.keys[:, index, :, :keep]
+            values[:, : len(held), :, :keep] = self.values[:, index, :, :keep]
+        self.seqs = [self.seqs[row] for row in held]
+        self.lengths = [self.lengths[row] for row in held]
+        self.tables = [self.tables[row] for row in held]
+        self.row_of = {id(seq): row for row, seq in enumerate(self.seqs)}
         self.keys, self.values = keys, values
 
-    def _copy_in(self, seq: SequenceState) -> None:
-        """A new last row: the sequence's whole blocks, read once from the paged cache."""
-        cache, row = self.cache, len(self.seqs)
+    def _copy_in(self, seq: SequenceState, row: int, start: int) -> None:
+        """Positions start .. num_computed_tokens - 1 of the row, whole blocks from the cache."""
+        cache = self.cache
         bs, done = cache.block_size, seq.num_computed_tokens
-        blocks = torch.tensor(seq.block_table[: -(-done // bs)], device=cache.keys.device)
-        for source, rows in ((cache.keys, self.keys), (self.cache.values, self.values)):
+        first = start // bs
+        blocks = torch.tensor(seq.block_table[first : -(-done // bs)], device=cache.keys.device)
+        for source, rows in ((cache.keys, self.keys), (cache.values, self.values)):
             layers, kv_heads, _, head_dim = source.shape
             by_block = source.view(layers, kv_heads, -1, bs * head_dim)
             past = by_block.index_select(2, blocks).view(layers, kv_heads, -1, head_dim)
-            rows[:, row, :, : past.shape[2]] = past
-        self.seqs.append(seq)
-        self.lengths.append(done)
-        self.copied_in += 1
+            rows[:, row, :, first * bs : first * bs + past.shape[2]] = past

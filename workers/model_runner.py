@@ -35,27 +35,34 @@ class ModelRunner:
         return [table[p // bs] * bs + p % bs for p in range(start, stop)]
 
     def _decode_metadata(
-        self, batch: PagedBatch, decodes: list[SequenceState]
-    ) -> list[SequenceState]:
-        """The decodes' attention inputs; returns the decodes in the order they run (row order).
-
-        Normally their persistent rows (decode_rows.py): where each new K/V goes and a length
-        mask. When the rows would outgrow the paged cache, the blocks to gather instead.
-        """
-        ordered = self.rows.arrange(decodes)
-        if ordered is None:
+        self,
+        batch: PagedBatch,
+        decodes: list[SequenceState],
+        chunks: list[tuple[SequenceState, int]],
+    ) -> None:
+        """The decodes' attention inputs: normally their persistent rows (decode_rows.py), where
+        each new K/V goes and a length mask per row; when the rows would outgrow the paged cache,
+        the blocks to gather instead."""
+        rows = self.rows.arrange(decodes, chunks)
+        if not decodes:
+            return
+        if rows is None:
             self._gather_metadata(batch, decodes)
-            return decodes
+            return
         kv_heads, capacity = self.rows.keys.shape[2], self.rows.capacity
-        positions = torch.tensor([s.num_computed_tokens for s in ordered], device=self.device)
-        row_ids = torch.arange(len(ordered), device=self.device).unsqueeze(1)
+        lengths = [1] * len(self.rows.seqs)  # a row not decoding now: any finite row will do
+        for seq, row in zip(decodes, rows, strict=True):
+            lengths[row] = seq.num_computed_tokens + 1
+        index = torch.tensor(rows, device=self.device)
+        positions = torch.tensor([s.num_computed_tokens for s in decodes], device=self.device)
         heads = torch.arange(kv_heads, device=self.device)
-        batch.row_writes = ((row_ids * kv_heads + heads) * capacity + positions.unsqueeze(1)).view(
-            -1
-        )
+        writes = (index.unsqueeze(1) * kv_heads + heads) * capacity + positions.unsqueeze(1)
+        batch.row_writes = writes.view(-1)
+        if rows != list(range(len(lengths))):
+            batch.row_index = index
         batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
-        batch.decode_bias = self._length_bias(positions + 1, capacity).view(-1, 1, 1, capacity)
-        return ordered
+        bias = self._length_bias(torch.tensor(lengths, device=self.device), capacity)
+        batch.decode_bias = bias.view(-1, 1, 1, capacity)
 
     def _gather_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
         # NOTE: the widest context comes from the host's own numbers: taking it from the device
@@ -98,8 +105,7 @@ class ModelRunner:
         decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
         prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
         batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
-        if decodes:
-            decodes = self._decode_metadata(batch, decodes)
+        self._decode_metadata(batch, decodes, prefills)
         ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]
         positions: list[int] = [s.num_computed_tokens for s in decodes]
         slots: list[int] = [

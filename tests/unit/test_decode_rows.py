@@ -40,7 +40,7 @@ def stream(engine: Engine, all_ids: list[list[int]], max_tokens: list[int]) -> d
 
 def gathering(monkeypatch) -> None:
     """From now on, engines attend by gathering blocks (the rows never take a batch)."""
-    monkeypatch.setattr(DecodeRows, "arrange", lambda self, decodes: None)
+    monkeypatch.setattr(DecodeRows, "arrange", lambda self, decodes, chunks: None)
 
 
 def test_rows_stream_what_gathering_streams_through_joins_leaves_and_preemption(
@@ -82,3 +82,16 @@ def test_a_batch_that_would_outgrow_the_cache_gathers_instead(tiny, monkeypatch)
     assert engine.runner.rows.keys is None, "the rows gave the batch up"
     gathering(monkeypatch)
     assert stream(Engine(model, tokenizer, **settings), all_ids, [16] * 4) == texts
+
+
+def test_sequences_verifying_drafts_keep_their_rows(tiny) -> None:
+    model, tokenizer = tiny
+    all_ids = prompts(tokenizer, [10, 10, 10, 10], seed=5)
+    engine = Engine(model, tokenizer, max_num_seqs=4, num_kv_blocks=64, block_size=8)
+    texts = stream(engine, all_ids, [40] * 4)
+    assert engine.stats().spec_draft_tokens > 0, "the tiny model's output should repeat itself"
+    assert engine.runner.rows.copied_in == 4, "a verification step does not cost a copy-in"
+    plain = Engine(
+        model, tokenizer, max_num_seqs=4, num_kv_blocks=64, block_size=8, speculative="off"
+    )
+    assert stream(plain, all_ids, [40] * 4) == texts
