@@ -133,6 +133,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rows.append("e")
     if set(args.rows) - set(ROWS):
         p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from {','.join(ROWS)}")
+    shares = (args.cancel_fraction, args.deadline_fraction)
+    if min(shares) < 0 or sum(shares) > 1 or args.rate <= 0:
+        p.error("--cancel-fraction and --deadline-fraction: 0-1 together; --rate: above 0")
     plain = args.arrivals == "waves" and not (args.cancel_fraction or args.deadline_fraction)
     if not plain and set(args.rows) - set(ENGINE_ROWS):
         p.error(
