@@ -186,3 +186,10 @@ def test_an_engine_under_a_tight_target_splits_prompts_and_generates_the_same_te
     fixed, timed = engines
     assert texts[0] == texts[1] and all(texts[0].values())
     assert timed.stats().steps_total > fixed.stats().steps_total  # prompts went in smaller chunks
+
+
+def test_the_worker_setting_reaches_the_engine_and_zero_turns_it_off():
+    from workers.config import WorkerConfig
+
+    assert WorkerConfig().engine_kwargs()["step_time_target_s"] == 0.05
+    assert WorkerConfig(step_time_target_s=0).engine_kwargs()["step_time_target_s"] is None
