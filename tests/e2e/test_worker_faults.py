@@ -134,8 +134,10 @@ def test_a_stream_queued_behind_others_gets_its_headers_role_and_pings(tiny_mode
     env = {"SLUICE_MAX_NUM_SEQS": "1"}  # the worker inherits it: one sequence at a time
     with serving(tiny_model_dir, "--ping-interval", str(PING), env=env) as gateway:
         model = model_id(gateway)
-        blocker = open_stream(gateway, model, 900)
-        read_until(blocker, b'"delta":{"content":', 30)  # the blocker is generating
+        # NOTE: one 800-token run of the tiny model can end within the pings' wait, so three
+        # run one after another in front of the queued stream
+        blockers = [open_stream(gateway, model, 900) for _ in range(3)]
+        read_until(blockers[0], b'"delta":{"content":', 30)  # the first one is generating
         sent = time.monotonic()
         queued = open_stream(gateway, model, 4)
         raw, at = read_until(queued, b'"role":"assistant"', PING * 3)
@@ -143,6 +145,7 @@ def test_a_stream_queued_behind_others_gets_its_headers_role_and_pings(tiny_mode
         assert not TOKEN.search(raw)
         raw, _ = read_until(queued, b": ping", PING * 4)
         assert not TOKEN.search(raw)  # still queued: pings before any token
-        blocker.close()  # its run is cancelled after the grace window; the queued one runs
+        for blocker in blockers:
+            blocker.close()  # their runs are cancelled after the grace window; the queued one runs
         read_until(queued, b"data: [DONE]", 60)
         queued.close()
