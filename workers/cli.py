@@ -91,6 +91,24 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(_env("max-body-bytes") or _DEFAULTS.max_body_bytes),
         help="largest request body; a gateway starting this worker sets it from its own limit",
     )
+    _add_decoding_arguments(parser)
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--kv-cache-memory",
+        default=_env("kv-cache-memory") or _DEFAULTS.kv_cache_memory,
+        help="memory for the paged KV cache, e.g. 2GiB (capped at what max-num-seqs can use)",
+    )
+    num_blocks = _env("num-kv-blocks")
+    kv.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=int(num_blocks) if num_blocks else None,
+        help="exact number of KV blocks (instead of --kv-cache-memory)",
+    )
+
+
+def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """How tokens are chosen beyond plain sampling: grammars and speculative drafts."""
     parser.add_argument(
         "--grammar-timeout",
         type=float,
@@ -109,19 +127,6 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(_env("spec-tokens") or _DEFAULTS.spec_tokens),
         help="most draft tokens a sequence verifies per step",
-    )
-    kv = parser.add_mutually_exclusive_group()
-    kv.add_argument(
-        "--kv-cache-memory",
-        default=_env("kv-cache-memory") or _DEFAULTS.kv_cache_memory,
-        help="memory for the paged KV cache, e.g. 2GiB (capped at what max-num-seqs can use)",
-    )
-    num_blocks = _env("num-kv-blocks")
-    kv.add_argument(
-        "--num-kv-blocks",
-        type=int,
-        default=int(num_blocks) if num_blocks else None,
-        help="exact number of KV blocks (instead of --kv-cache-memory)",
     )
 
 
