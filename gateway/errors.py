@@ -55,6 +55,11 @@ def invalid_request(param: str | None, message: str, code: str = "invalid_value"
     return APIError(400, message, param=param, code=code)
 
 
+def resume_window_expired(message: str) -> APIError:
+    """410: the events a resume asked for were dropped from the run's retained log."""
+    return APIError(410, message, param="starting_after", code="resume_window_expired")
+
+
 def invalid_api_key() -> APIError:
     return APIError(
         401,

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.answers import following
 from gateway.app_keys import DRAIN, METRICS, PRINCIPAL, RUNS
-from gateway.errors import APIError, invalid_request, terminal_error
+from gateway.errors import APIError, invalid_request, resume_window_expired, terminal_error
 from gateway.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.handlers.chat import read_json
 from gateway.handlers.runs import CANCEL_WAIT
@@ -164,12 +164,9 @@ async def retrieve_response(request: web.Request) -> web.StreamResponse:
         response = await stream_response(request, record, after)
     except ResumeWindowExpired:
         resumes.labels("expired").inc()
-        raise APIError(
-            410,
+        raise resume_window_expired(
             f"The events of '{record.run_id}' are no longer retained; retrieve the response "
-            "without stream=true for its final object.",
-            param="starting_after",
-            code="resume_window_expired",
+            "without stream=true for its final object."
         ) from None
     resumes.labels(outcome).inc()
     return response

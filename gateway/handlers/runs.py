@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.answers import stream_run
 from gateway.app_keys import METRICS, PRINCIPAL, RUNS
-from gateway.errors import APIError, invalid_request
+from gateway.errors import APIError, invalid_request, resume_window_expired
 from gateway.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.runs.status import PUBLIC_STATUS
 from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
@@ -114,12 +114,9 @@ async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
         raise
     except ResumeWindowExpired:
         resumes.labels("expired").inc()
-        raise APIError(
-            410,
+        raise resume_window_expired(
             f"Events after {after} of '{record.run_id}' are no longer retained; "
-            "retrieve the run without stream=true for its final object.",
-            param="starting_after",
-            code="resume_window_expired",
+            "retrieve the run without stream=true for its final object."
         ) from None
     resumes.labels(outcome).inc()
     return response
