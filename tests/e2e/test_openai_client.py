@@ -3,6 +3,7 @@ own worker process on the tiny model."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import httpx
@@ -202,14 +203,21 @@ def test_client_going_away_cancels_the_run_after_the_grace_window(client, model,
     )
     chunks = iter(stream)
     run_id = [next(chunks) for _ in range(4)][-1].id
-    stream.close()
-    gone_at = time.monotonic()
+    # NOTE: the tiny model writes its whole context in under a second, less than the grace
+    # window: the worker is paused so that only the gateway's cancel can end the run
+    worker = served.worker_process()
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        stream.close()
+        gone_at = time.monotonic()
 
-    def ended():
-        run = client.chat.completions.retrieve(run_id)
-        return run if run.status != "in_progress" else None
+        def ended():
+            run = client.chat.completions.retrieve(run_id)
+            return run if run.status != "in_progress" else None
 
-    run = until_sync(ended, "the run to end", within=15)
+        run = until_sync(ended, "the run to end", within=15)
+    finally:
+        worker.send_signal(signal.SIGCONT)
     assert run.status == "cancelled"
     assert run.choices[0].finish_reason is None  # cut short, not stopped by the model
     assert time.monotonic() - gone_at >= DISCONNECT_GRACE * 0.9  # it waited for a resume
