@@ -7,7 +7,9 @@ followed the latest match. They ride in the step as a short chunk after the last
 runner keeps the logits of every position, the target's greedy choice at each is compared with
 the draft, and the sequence takes the longest agreeing prefix plus the target's own next token
 (its correction at the first mismatch, or a bonus token when every draft token was right).
-Greedy output is therefore exactly what one-token decoding gives.
+Greedy output is therefore what one-token decoding gives, token for token in float32; in
+bfloat16 a verified position's logits come from the chunk path and round differently, so at a
+near-tie the two can part (as chunked prefill can).
 
 NOTE on the KV cache: the draft's KV is written like any chunk's, but `num_computed_tokens`
 advances only over the accepted tokens, so slots written for rejected ones lie past the committed
