@@ -1,13 +1,17 @@
 """Fixtures shared across the suite."""
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
 
 import pytest
+import redis
 from redis.asyncio import Redis
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# every prefix store_settings handed out, swept once more when the session ends
+_STORE_PREFIXES: list[str] = []
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +38,25 @@ async def store_settings(request):
         yield {}
         return
     prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
+    _STORE_PREFIXES.append(prefix)
     yield {"redis_url": REDIS_URL, "redis_prefix": prefix}
     client = Redis.from_url(REDIS_URL)
     keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
     if keys:
         await client.delete(*keys)
     await client.aclose()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def store_prefixes_swept():
+    """A test's app closes after `store_settings` has cleaned up (fixtures end in reverse order),
+    and its usage ledger writes its last record then: the session's end removes what remains
+    under the prefixes it handed out."""
+    yield
+    client = redis.Redis.from_url(REDIS_URL)
+    with contextlib.suppress(redis.ConnectionError):
+        for prefix in _STORE_PREFIXES:
+            keys = list(client.scan_iter(match=f"{prefix}*"))
+            if keys:
+                client.delete(*keys)
+    client.close()
