@@ -5,6 +5,7 @@ is followed again to the same text. Each test saves a screenshot under its tmp_p
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,8 +123,15 @@ def test_stop_cancels_the_run_and_the_worker_confirms(served, proxy, browser, tm
     page = Page(browser, proxy.root)
     page.ask(QUESTION, max_tokens=900)
     until_sync(page.answer, "the first text", within=120)
-    page.find("stop").click()
-    page.wait_for_status("cancelled")
+    # NOTE: the tiny model writes 900 tokens in about a second, less than a click and a cancel
+    # may take: the worker is paused so the run is still going when Stop reaches the gateway
+    worker = served.worker_process()
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        page.find("stop").click()
+        page.wait_for_status("cancelled")
+    finally:
+        worker.send_signal(signal.SIGCONT)
     page.screenshot(tmp_path, "stopped")
     run = stored(served, page.text("run-id"))
     assert run["status"] == "cancelled"
