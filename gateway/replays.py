@@ -70,7 +70,7 @@ async def claim(
             if held.answer is not None:  # ended and gone: answer as it answered
                 answer = terminal_from_json(held.answer)
             elif loop.time() > deadline or time.time() - held.created > _WAIT_FOR_RUN:
-                raise _gone(held.run_id) from None
+                raise idempotent_run_gone(held.run_id) from None
             else:
                 await asyncio.sleep(0.02)  # being created, or its first try failed: claim again
                 continue
@@ -90,10 +90,11 @@ async def release(request: web.Request, tenant: str, key: str, run_id: str) -> N
     await request.app[IDEMPOTENCY].release(tenant, key, run_id)
 
 
-def _gone(run_id: str) -> APIError:
+def idempotent_run_gone(run_id: str, what: str = "run") -> APIError:
+    """410: the run an Idempotency-Key started has left the store; a repeat cannot replay it."""
     return APIError(
         410,
-        f"The run this {HEADER} started ('{run_id}') is no longer retained.",
+        f"The {what} this {HEADER} started ('{run_id}') is no longer retained.",
         param=HEADER,
         code="idempotent_run_expired",
     )

@@ -22,6 +22,7 @@ from gateway.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.handlers.chat import read_json
 from gateway.handlers.runs import CANCEL_WAIT
 from gateway.protocol import parse_chat_request
+from gateway.replays import idempotent_run_gone
 from gateway.responses.objects import (
     META,
     conversation_of,
@@ -96,7 +97,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise renamed(exc) from None
     opened = await life.open()
     if opened.ending is not None:  # its Idempotency-Key's run is no longer kept
-        raise _expired(opened.run_id)
+        raise idempotent_run_gone(opened.run_id, "response")
     token = opened.headers[HEADER] = follow_token(request, opened.run_id, life.tenant.name)
     runs = request.app[RUNS]
     record = await runs.get(opened.run_id)
@@ -116,15 +117,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if terminal.refused:
         raise renamed(terminal_error(terminal))
     return _json(ended_object(record, terminal) | {"follow_token": token}, opened.headers)
-
-
-def _expired(run_id: str) -> APIError:
-    return APIError(
-        410,
-        f"The response this Idempotency-Key created ('{run_id}') is no longer retained.",
-        param="Idempotency-Key",
-        code="idempotent_run_expired",
-    )
 
 
 def _starting_after(request: web.Request) -> int:
