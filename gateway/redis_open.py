@@ -7,10 +7,16 @@ in the order a request takes them: a key held by another run stops there (the re
 answers it), a refused admission gives the fresh claim back in the same step, and the record is
 written only for an admitted run. So a new request costs one round trip before its run starts,
 where it was one per step, and what is taken is the same as step by step.
+
+An opening is idempotent: the client sends a command again when its reply was lost with the
+connection (`gateway/redis_client.py`), and the script may well have run. Each opening carries a
+token of its own, kept in the run's record with the admission's reply; the same opening again
+finds it and gets that reply back instead of a second claim and admission (and a "taken").
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +28,9 @@ from policies.quotas import Admission, QuotaRequest
 from policies.quotas_redis import ADMIT, RedisQuotaStore
 
 # KEYS: the run hash, then the claim key (if any), then the quota keys (if any)
-# ARGV: claim arg count (0: no key), admit arg count (0: no limits), then those args, then the
-# create script's. Answers {'taken'}, {'held', stored claim}, {'refused', admit reply...} or
-# {'opened', admit reply...}.
+# ARGV: claim arg count (0: no key), admit arg count (0: no limits), the opening's token, then
+# those args, then the create script's. Answers {'taken'}, {'held', stored claim},
+# {'refused', admit reply...} or {'opened', admit reply...} (again for a repeat of the opening).
 OPEN = (
     "local calls = {}\n"
     + "".join(
@@ -37,9 +43,15 @@ local function part(from, list, count)
   for j = 1, count do out[j] = list[from + j - 1] end
   return out
 end
+local opened = redis.call('HMGET', KEYS[1], 'opening', 'admitted')
+if opened[1] == ARGV[3] then  -- a resend of this opening, which went through: its answer again
+  local state = {}
+  for v in string.gmatch(opened[2], '%S+') do state[#state + 1] = tonumber(v) end
+  return {'opened', unpack(state)}
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'taken'} end
 local nclaim, nadmit = tonumber(ARGV[1]), tonumber(ARGV[2])
-local k, a = 2, 3
+local k, a = 2, 4
 if nclaim > 0 then
   local held = calls.claim(part(k, KEYS, 1), part(a, ARGV, nclaim))
   if held[1] == 0 then return {'held', held[2]} end
@@ -55,6 +67,9 @@ if nadmit > 0 then
   a = a + nadmit
 end
 calls.create({KEYS[1]}, part(a, ARGV, #ARGV - a + 1))
+local kept = {}  -- NOTE: %.17g: a µs time is past the 14 digits tostring() keeps
+for j = 1, #state do kept[j] = string.format('%.17g', state[j]) end
+redis.call('HSET', KEYS[1], 'opening', ARGV[3], 'admitted', table.concat(kept, ' '))
 return {'opened', unpack(state)}
 """
 )
@@ -94,6 +109,7 @@ class RedisOpener:
     ) -> Opening:
         """Claim, admit and record the run; raises QuotaExceeded for a refused admission."""
         keys, args = self.runs.shared.create_call(record)
+        token = secrets.token_hex(8)  # this opening's own: a resend of it is known by it
         claim_keys: list[str] = []
         claim_args: list[Any] = []
         if claim is not None:
@@ -109,7 +125,7 @@ class RedisOpener:
             )
         reply = await self._open(
             keys=[*keys, *claim_keys, *quota_keys],
-            args=[len(claim_args), len(quota_args), *claim_args, *quota_args, *args],
+            args=[len(claim_args), len(quota_args), token, *claim_args, *quota_args, *args],
         )
         tag = reply[0]
         if tag == b"taken":
