@@ -11,30 +11,37 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.runs.status import RunStatus
+from gateway.runs.store import Chunk
 
 TERMINAL = int(RunStatus.COMPLETED)
 
 # NOTE: appends and the ending name their seq numbers (0: "the next ones"), and skip any the log
 # already has, so the owner's write-behind can send a batch again after a lost connection
 # without doubling events. KEYS: run hash, events stream, notify channel
-# ARGV: max_events, first seq (0: next), then per event: payload, text mark, text, where the
-# mark is '-' for an event that is not a plain text delta, else 't' and its choice index
+# ARGV: max_events, first seq (0: next), the events packed in one string (`pack_events`): per
+# event "<payload bytes> <choice index> <text bytes> " then the payload, then the text, where
+# the index is -1 for an event that is not a plain text delta. One argument for a run's events,
+# not three each: what the client packs and Redis parses per argument is what a tick costs.
 APPEND = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -1 end
-if tonumber(status) >= TERMINAL then return -2 end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq'))
+local state = redis.call('HMGET', KEYS[1], 'status', 'last_seq')
+if not state[1] then return -1 end
+if tonumber(state[1]) >= TERMINAL then return -2 end
+local last = tonumber(state[2])
 local seq = tonumber(ARGV[2]) - 1
 if seq < 0 then seq = last end
-for i = 3, #ARGV, 3 do
+local packed, at = ARGV[3], 1
+while at <= #packed do
+  local _, head, size, index, text_size = string.find(packed, '^(%d+) (%-?%d+) (%d+) ', at)
+  local body = head + tonumber(size)
+  at = body + tonumber(text_size) + 1
   seq = seq + 1
   if seq > last then
-    local id = seq .. '-0'
-    if ARGV[i + 1] == '-' then
-      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i])
+    local id, payload = seq .. '-0', string.sub(packed, head + 1, body)
+    if index == '-1' then
+      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', payload)
     else
-      local index = string.sub(ARGV[i + 1], 2)
-      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', ARGV[i], 't', ARGV[i + 2], 'i', index)
+      local text = string.sub(packed, body + 1, at - 1)
+      redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[1], id, 'd', payload, 't', text, 'i', index)
     end
   end
 end
@@ -129,6 +136,18 @@ end
 return answers
 """
 )
+
+
+def pack_events(chunks: list[Chunk]) -> bytes:
+    """A run's events as the append script's one packed argument."""
+    parts: list[bytes] = []
+    for payload, text, index in chunks:
+        if text is None:
+            parts += (b"%d -1 0 " % len(payload), payload)
+        else:
+            encoded = text.encode()
+            parts += (b"%d %d %d " % (len(payload), index, len(encoded)), payload, encoded)
+    return b"".join(parts)
 
 
 class ScriptBatch:

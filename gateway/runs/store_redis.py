@@ -28,6 +28,7 @@ from gateway.runs.redis_scripts import (
     FOLLOWERS,
     TERMINAL,
     ScriptBatch,
+    pack_events,
 )
 from gateway.runs.status import RunStatus
 from gateway.runs.store import (
@@ -209,12 +210,7 @@ class RedisRunStore:
         self, client: Any, run_id: str, chunks: list[Chunk], first_seq: int = 0
     ) -> Any:
         """The append script; `first_seq` numbers the chunks (0: after the last one)."""
-        args: list[Any] = [self.max_events, first_seq]
-        for payload, text, index in chunks:
-            if text is None:
-                args += [payload, "-", ""]
-            else:
-                args += [payload, f"t{index}", text]
+        args = [self.max_events, first_seq, pack_events(chunks)]
         return self._call(self._append, "a", self._keys(run_id)[:3], args, client)
 
     async def append(self, run_id: str, chunks: list[Chunk]) -> int:

@@ -263,3 +263,24 @@ async def test_ended_runs_are_bounded_in_bytes_oldest_first_and_followed_ones_ke
     await store.finish(await new_run(store, "run-4"), ending)
     with pytest.raises(UnknownRun):
         await store.get("followed")
+
+
+async def test_text_deltas_reach_redis_byte_for_byte(redis_space):
+    """Events travel packed in one argument: lengths are bytes, whatever the text holds."""
+    client, prefix = redis_space
+    store = RedisRunStore(client, prefix=prefix)
+    run = await new_run(store)
+    chunks: list[Chunk] = [
+        (b'{"d": "1 -1 0 "}', "1 -1 0 ", 0),  # text that reads like a packed header
+        (b"{}", None, 0),  # not a text delta
+        ('{"d": "ünï 日本 🙂"}'.encode(), "ünï 日本 🙂", 2),
+        (b"{}", "", 1),
+    ]
+    assert await store.append(run, chunks) == 4
+    assert await store.read(run, 0) == [
+        (1, b'{"d": "1 -1 0 "}', "1 -1 0 ", 0),
+        (2, b"{}", None, 0),
+        (3, '{"d": "ünï 日本 🙂"}'.encode(), "ünï 日本 🙂", 2),
+        (4, b"{}", "", 1),
+    ]
+    await store.close()
