@@ -4,8 +4,9 @@ The model runs one flattened batch per step: every scheduled sequence's new toke
 in a single row. Each attention layer then (1) writes the new keys and values into their cache
 slots and (2) attends per sequence over that sequence's slots: all single-token decodes together
 in two batched matmuls, padded to the longest context and masked, over their persistent rows
-(decode_rows.py; gathered from blocks when the rows do not hold them); each prefill chunk on its
-own, causal.
+(decode_rows.py; gathered from blocks when the rows do not hold them); short chunks (draft
+verifications, prompt tails) together, padded into one batched pair of matmuls (`SpanGroup`);
+each long prefill chunk on its own, causal SDPA.
 
 NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
 `repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
@@ -39,6 +40,24 @@ class PrefillSpan:
 
 
 @dataclass(slots=True)
+class SpanGroup:
+    """Short chunks attended together: `count` spans padded to `length` queries each.
+
+    NOTE: one call per chunk cost ~10 tensor ops per chunk and layer; with a draft verification
+    per sequence at c=64 that loop was the largest share of a step. Padded, the group is one
+    gather and two batched matmuls per layer whatever its size; pad queries are dropped.
+    """
+
+    count: int
+    length: int
+    tokens: torch.Tensor  # [count * length] each padded query's token in the flattened batch
+    keep: torch.Tensor  # [real tokens] each real query's place in the padded layout ...
+    rows: torch.Tensor  # ... and its token in the flattened batch
+    blocks: torch.Tensor  # [count * width] block ids of each span's context (0-padded)
+    bias: torch.Tensor  # [count, length * group, width * block_size] float32, causal + context
+
+
+@dataclass(slots=True)
 class PagedBatch:
     """Where this step's tokens go in the cache and what each one attends to (all layers)."""
 
@@ -55,6 +74,7 @@ class PagedBatch:
     row_index: torch.Tensor | None = None  # [num_decode] each decode's row; None: row i is decode i
     row_writes: torch.Tensor | None = None  # [num_decode * kv_heads] where each new K/V row goes
     prefills: list[PrefillSpan] = field(default_factory=list)
+    spans: SpanGroup | None = None
 
 
 def _gather_blocks(
@@ -121,6 +141,30 @@ def _decode_from_rows(
     return o.reshape(nd, heads, head_dim)
 
 
+def _group_attention(
+    group: SpanGroup,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    block_size: int,
+    scale: float | None,
+) -> torch.Tensor:
+    """The short chunks' attention over their gathered blocks → [real tokens, H, D].
+
+    Each span's queries ride as `length * group` rows against its KV heads (position-major,
+    so a mask row per position serves its G heads, as for decodes)."""
+    kv_heads, _, head_dim = keys.shape
+    heads, (count, length) = query.shape[1], (group.count, group.length)
+    q = query[0].index_select(1, group.tokens)  # [H, count * length, D]
+    q = q.view(kv_heads, heads // kv_heads, count, length, head_dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(kv_heads, count, -1, head_dim)
+    k = _gather_blocks(keys, group.blocks, count, block_size)
+    v = _gather_blocks(values, group.blocks, count, block_size)
+    o = _decode_attention(q, k, v, group.bias, scale)  # [KV, count, length * G, D]
+    o = o.view(kv_heads, count, length, -1, head_dim).permute(1, 2, 0, 3, 4)
+    return o.reshape(count * length, heads, head_dim).index_select(0, group.keep)
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -156,6 +200,10 @@ def paged_attention_forward(
         v = _gather_blocks(values, batch.decode_blocks, nd, bs)
         o = _decode_attention(q, k, v, batch.decode_bias, scaling)  # [KV, nd, G, D]
         out[:nd] = o.permute(1, 0, 2, 3).reshape(nd, heads, head_dim)
+    if batch.spans is not None:
+        bs = batch.cache.block_size
+        o = _group_attention(batch.spans, keys, values, query, bs, scaling)
+        out.index_copy_(0, batch.spans.rows, o)
     for span in batch.prefills:
         s, n = span.start, span.length
         q = query[:, :, s : s + n]

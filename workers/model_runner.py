@@ -12,11 +12,16 @@ from typing import Any
 
 import torch
 
-from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan
+from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows
 from workers.fused_layers import fuse_projections
 from workers.kv_cache import KVCache
 from workers.request import SequenceState
+
+# Chunks of up to this many tokens (draft verifications, prompt tails) are attended together
+# (attention.SpanGroup); longer ones each get their own causal SDPA, whose per-chunk cost their
+# own arithmetic outweighs.
+SHORT_SPAN = 16
 
 
 class ModelRunner:
@@ -27,6 +32,10 @@ class ModelRunner:
         self.dtype = cache.shape.dtype
         self.block_size = cache.block_size
         self.rows = DecodeRows(cache)
+        config = model.config
+        self.group = config.num_attention_heads // (
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        )
         fuse_projections(model)
         model.set_attn_implementation(ATTENTION_NAME)
 
@@ -96,6 +105,37 @@ class ModelRunner:
         bias.masked_fill_(~visible, float("-inf"))
         return PrefillSpan(start, new, slots, bias.view(1, 1, new, context))
 
+    def _span_group(self, spans: list[tuple[SequenceState, int, int]]) -> SpanGroup:
+        """The padded layout of the short chunks `(seq, start in the batch, new tokens)`."""
+        bs, count = self.block_size, len(spans)
+        length = max(new for _, _, new in spans)
+        width = max(-(-(s.num_computed_tokens + new) // bs) for s, _, new in spans)
+        tokens, keep, rows, blocks, last = [], [], [], [], []
+        for i, (seq, start, new) in enumerate(spans):
+            tokens += [*range(start, start + new), *[start] * (length - new)]
+            keep += range(i * length, i * length + new)
+            rows += range(start, start + new)
+            table = seq.block_table[:width]
+            blocks += table + [0] * (width - len(table))
+            # query j sees positions up to done + j; a pad query sees the span's first position's
+            done = seq.num_computed_tokens
+            last += [*range(done, done + new), *[done] * (length - new)]
+        to = {"dtype": torch.long, "device": self.device}
+        visible = torch.arange(width * bs, device=self.device) <= torch.tensor(last, **to).view(
+            count, length, 1, 1
+        )
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
+        bias = bias.masked_fill_(~visible, float("-inf")).expand(-1, -1, self.group, -1)
+        return SpanGroup(
+            count,
+            length,
+            tokens=torch.tensor(tokens, **to),
+            keep=torch.tensor(keep, **to),
+            rows=torch.tensor(rows, **to),
+            blocks=torch.tensor(blocks, **to),
+            bias=bias.reshape(count, length * self.group, width * bs),
+        )
+
     @torch.inference_mode()
     def execute(
         self, work: list[tuple[SequenceState, int]]
@@ -114,15 +154,21 @@ class ModelRunner:
         ]
         samplers: list[SequenceState] = list(decodes)
         keep: list[int] = list(range(len(decodes)))
+        short: list[tuple[SequenceState, int, int]] = []
         for seq, new in prefills:
             start, done = len(ids), seq.num_computed_tokens
             ids += seq.all_ids[done : done + new]
             positions += range(done, done + new)
             slots += self._slots(seq, done, done + new)
-            batch.prefills.append(self._prefill_span(seq, start, new))
+            if new <= SHORT_SPAN:
+                short.append((seq, start, new))
+            else:
+                batch.prefills.append(self._prefill_span(seq, start, new))
             if done + new == len(seq.all_ids):
                 samplers.append(seq)  # a draft's verification: a logits row per position
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
+        if short:
+            batch.spans = self._span_group(short)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
