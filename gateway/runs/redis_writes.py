@@ -149,20 +149,25 @@ class WriteBehind:
     # -- writing --------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        # NOTE: a tick begins with the first write queued after the last batch left, so under a
+        # steady stream batches leave a TICK apart, not back to back as fast as Redis answers
+        # (each batch costs a write, a read and a wakeup here, whatever it carries).
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not self._hurry:
                 await asyncio.sleep(TICK)
             self._hurry = False
-            while self._pending:
-                batch, self._pending = self._pending, {}
-                if not await self._write(batch):
-                    self._requeue(batch)
-                    self._release_waiters()  # settle() says "not now" instead of hanging
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(RETRY_EVERY):
-                            await self.health.back()
+            batch, self._pending = self._pending, {}
+            if batch and not await self._write(batch):
+                self._requeue(batch)
+                self._release_waiters()  # settle() says "not now" instead of hanging
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_EVERY):
+                        await self.health.back()
+                self._hurry = True  # back (or a retry is due): no tick's wait on top
+            if self._pending:  # queued meanwhile, or runs to write back whole
+                self._wake.set()
 
     def _requeue(self, batch: dict[str, list[Op]]) -> None:
         """Put a batch that did not go out back in front of what was queued meanwhile."""
