@@ -144,6 +144,13 @@ class PoolAdapter:
             return Probe(ok=False, answered=False)
         return Probe(ok, stats=stats)
 
+    def member_exited(self, name: str) -> None:
+        """The member's process is gone (its supervisor saw it exit): out of routing now, not at
+        the next probe, until a probe finds it ready again (a restart still loading is not)."""
+        for member in self.members:
+            if member.name == name:
+                member.healthy = False
+
     def snapshot(self) -> list[dict[str, Any]]:
         return [m.snapshot() for m in self.members]
 

@@ -68,6 +68,8 @@ async def routed_backends(
                     on_stall=supervisor.restart if supervisor is not None else None,
                 )
             )
+    if supervisor is not None:
+        supervisor.exit_listeners.extend(pool.member_exited for pool in pools)
     pooled = {pool.model for pool in pools}
     alone = [m for m in members if any(m in serving[model] for model in serving.keys() - pooled)]
     return pools + alone

@@ -92,6 +92,9 @@ class Supervisor:
         self._clock = clock
         self._sleep = sleep
         self._tasks: list[asyncio.Task[None]] = []
+        # told a worker's name the moment its process exits (a pool takes it out of routing
+        # then, rather than at its next probe)
+        self.exit_listeners: list[Callable[[str], None]] = []
 
     def start(self) -> None:
         self._tasks = [
@@ -118,6 +121,8 @@ class Supervisor:
         looping.set_function(lambda: int(policy.crash_looping))
         while True:
             reason = exit_reason(await worker.wait())
+            for listener in self.exit_listeners:
+                listener(worker.name)
             while not await self._restart(worker, policy, reason):
                 reason = START_FAILED
 

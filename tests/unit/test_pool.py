@@ -234,6 +234,23 @@ async def test_a_member_that_answers_not_ready_is_left_to_its_supervisor():
     assert hung == []
 
 
+async def test_a_member_whose_process_exited_is_out_until_a_probe_finds_it_ready():
+    gone, good = Member("gone"), Member("good")
+    pool = PoolAdapter([gone, good])
+    await pool.ready()
+    value = metrics(pool)
+    pool.member_exited("gone")  # its supervisor saw the process exit, before any probe
+    assert value("sluice_pool_member_healthy", pool=pool.name, member="gone") == 0
+    assert [await run(pool, chat(f"q{i}"), f"r{i}") for i in range(3)] == ["good"] * 3
+    gone.up = False  # restarted, still loading: its probe says not ready
+    await pool.ready()
+    assert value("sluice_pool_member_healthy", pool=pool.name, member="gone") == 0
+    gone.up = True
+    await pool.ready()
+    assert value("sluice_pool_member_healthy", pool=pool.name, member="gone") == 1
+    assert value("sluice_pool_member_healthy", pool=pool.name, member="good") == 1
+
+
 async def test_an_idle_member_is_never_stalled():
     idle = Member("idle")
     clock, stalls = Clock(), []

@@ -141,9 +141,12 @@ async def test_the_supervisor_restarts_a_worker_that_never_comes_up_with_backoff
         clock.now += seconds
 
     supervisor = Supervisor([worker], metrics, 300.0, clock=clock, sleep=sleep)  # type: ignore[list-item]
+    exited: list[str] = []
+    supervisor.exit_listeners.append(exited.append)
     supervisor.start()
     try:
         await asyncio.wait_for(worker.up.wait(), 10)
+        assert exited == [worker.name]  # the process exit, told once; failed starts are not exits
         sample = metrics.registry.get_sample_value
         member = {"member": worker.name}
         assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
