@@ -108,6 +108,11 @@ class SSEWriter:
 
     async def send(self, events: LogEvents, preamble: bytes = b"") -> None:
         """Frame each (seq, chunk) event and write them all at once, after `preamble`."""
+        if len(events) == 1:  # a live stream's usual write: one event, framed directly
+            seq, payload = events[0][0], events[0][1]
+            self.last_seq = seq
+            await self._write(preamble + b"id: %d\ndata: %b\n\n" % (seq, payload))
+            return
         if events:
             self.last_seq = events[-1][0]
         frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]

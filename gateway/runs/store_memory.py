@@ -39,9 +39,10 @@ EVENT_OVERHEAD = 120  # bytes a live event costs beyond its payload (tuple, int,
 class _Entry:
     record: RunRecord
     events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended
-    # NOTE: made by the first waiter and dropped once set, so an append nobody waits for makes
-    # no Event, and an ended run (which nobody waits on) keeps none.
-    changed: asyncio.Event | None = None
+    # NOTE: one bare future per waiting follower, woken and dropped by the next change: an
+    # append nobody waits for costs nothing, and a wake-up is one `set_result` (an Event made
+    # and dropped per append cost an object, its deque and a future on every chunk).
+    waiters: list[asyncio.Future[None]] | None = None
     followers: int = 0
     event_bytes: int = 0
 
@@ -81,9 +82,12 @@ class MemoryRunStore:
         return entry
 
     def _notify(self, entry: _Entry) -> None:
-        if entry.changed is not None:
-            entry.changed.set()
-            entry.changed = None
+        waiters = entry.waiters
+        if waiters is not None:
+            entry.waiters = None
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def create(self, record: RunRecord) -> None:
         self._expire()
@@ -171,9 +175,17 @@ class MemoryRunStore:
     async def wait(self, run_id: str, after: int) -> None:
         entry = self._entry(run_id)
         while not (entry.record.last_seq > after or entry.record.status.is_terminal):
-            if entry.changed is None:
-                entry.changed = asyncio.Event()
-            await entry.changed.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            if entry.waiters is None:
+                entry.waiters = [waiter]
+            else:
+                entry.waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:  # a bounded wait ran out: leave no future behind
+                if entry.waiters is not None and waiter in entry.waiters:
+                    entry.waiters.remove(waiter)
+                raise
             if self._runs.get(run_id) is not entry:
                 raise UnknownRun(run_id)  # discarded while waiting
 
