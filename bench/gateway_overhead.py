@@ -25,7 +25,8 @@ holds N ended runs while the cells are measured (what a gateway that has served 
 With `--policies`, four more gateways run every cell with all tenant policies on (a tenants file
 with limits high enough never to refuse; quotas, an `Idempotency-Key` per request, the usage
 ledger): authenticated by API key or by an HS256 JWT, on the in-process store or on Redis.
-Redis is 127.0.0.1:6379, under a prefix of this run's own, removed afterwards. A second table
+Redis is 127.0.0.1:6379 (or `SLUICE_BENCH_REDIS_URL`, e.g. a private one whose INFO commandstats
+are this run's alone), under a prefix of this run's own, removed afterwards. A second table
 gives what each adds over the policies-off gateway.
 
     .venv/bin/python bench/gateway_overhead.py            # full run, a few minutes

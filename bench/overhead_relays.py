@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from overhead_procs import ROOT
 FLOORS = ("passthrough", "parsing")  # relays that keep nothing: no warm-up for them
 POLICY_RELAYS = ("memory+key", "memory+jwt", "redis+key", "redis+jwt")
 SAFETY_RELAYS = ("window-off", "chars", "sentence")  # the same tenant, with its policy varied
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("SLUICE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 KEY_HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
@@ -47,6 +48,9 @@ def relays(args: argparse.Namespace, upstream_url: str, logdir: Path, prefix: st
     for tree in args.compare:
         path = Path(tree).resolve()
         out[compare_name(tree)] = Relay(out["gateway"].command, cwd=path, pythonpath=str(path))
+        if "redis" in args.store:  # its gateway on Redis as well
+            command = out["gw-redis"].command
+            out[f"{compare_name(tree)}-redis"] = Relay(command, cwd=path, pythonpath=str(path))
     if args.policies:
         out |= policy_relays(serve, redis, logdir)
     if args.safety:
