@@ -191,7 +191,12 @@ class OpenAIUpstreamAdapter:
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendFailed("The connection to the upstream model server was lost.") from exc
         finally:
-            resp.close()
+            # NOTE: a body read to its end hands its connection back for the next run (no new
+            # connection per stream); one cut short is closed, which is the abort upstream.
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                resp.close()
 
     async def abort(self, request_id: str) -> bool:
         """No in-band abort in the OpenAI API: closing the stream is the abort (and the stream
