@@ -24,6 +24,41 @@ from workers.request import SequenceState
 SHORT_SPAN = 16
 
 
+def span_group(
+    spans: list[tuple[SequenceState, int, int]], block_size: int, group: int, device: Any
+) -> SpanGroup:
+    """The padded layout of the short chunks `(seq, start in the batch, new tokens)`, for query
+    heads in groups of `group` per KV head."""
+    bs, count = block_size, len(spans)
+    length = max(new for _, _, new in spans)
+    width = max(-(-(s.num_computed_tokens + new) // bs) for s, _, new in spans)
+    tokens, keep, rows, blocks, last = [], [], [], [], []
+    for i, (seq, start, new) in enumerate(spans):
+        tokens += [*range(start, start + new), *[start] * (length - new)]
+        keep += range(i * length, i * length + new)
+        rows += range(start, start + new)
+        table = seq.block_table[:width]
+        blocks += table + [0] * (width - len(table))
+        # query j sees positions up to done + j; a pad query sees the span's first position's
+        done = seq.num_computed_tokens
+        last += [*range(done, done + new), *[done] * (length - new)]
+    to = {"dtype": torch.long, "device": device}
+    visible = torch.arange(width * bs, device=device) <= torch.tensor(last, **to).view(
+        count, length, 1, 1
+    )
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+    bias = bias.masked_fill_(~visible, float("-inf")).expand(-1, -1, group, -1)
+    return SpanGroup(
+        count,
+        length,
+        tokens=torch.tensor(tokens, **to),
+        keep=torch.tensor(keep, **to),
+        rows=torch.tensor(rows, **to),
+        blocks=torch.tensor(blocks, **to),
+        bias=bias.reshape(count, length * group, width * bs),
+    )
+
+
 class ModelRunner:
     def __init__(self, model: Any, cache: KVCache) -> None:
         self.model = model
@@ -105,37 +140,6 @@ class ModelRunner:
         bias.masked_fill_(~visible, float("-inf"))
         return PrefillSpan(start, new, slots, bias.view(1, 1, new, context))
 
-    def _span_group(self, spans: list[tuple[SequenceState, int, int]]) -> SpanGroup:
-        """The padded layout of the short chunks `(seq, start in the batch, new tokens)`."""
-        bs, count = self.block_size, len(spans)
-        length = max(new for _, _, new in spans)
-        width = max(-(-(s.num_computed_tokens + new) // bs) for s, _, new in spans)
-        tokens, keep, rows, blocks, last = [], [], [], [], []
-        for i, (seq, start, new) in enumerate(spans):
-            tokens += [*range(start, start + new), *[start] * (length - new)]
-            keep += range(i * length, i * length + new)
-            rows += range(start, start + new)
-            table = seq.block_table[:width]
-            blocks += table + [0] * (width - len(table))
-            # query j sees positions up to done + j; a pad query sees the span's first position's
-            done = seq.num_computed_tokens
-            last += [*range(done, done + new), *[done] * (length - new)]
-        to = {"dtype": torch.long, "device": self.device}
-        visible = torch.arange(width * bs, device=self.device) <= torch.tensor(last, **to).view(
-            count, length, 1, 1
-        )
-        bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
-        bias = bias.masked_fill_(~visible, float("-inf")).expand(-1, -1, self.group, -1)
-        return SpanGroup(
-            count,
-            length,
-            tokens=torch.tensor(tokens, **to),
-            keep=torch.tensor(keep, **to),
-            rows=torch.tensor(rows, **to),
-            blocks=torch.tensor(blocks, **to),
-            bias=bias.reshape(count, length * self.group, width * bs),
-        )
-
     @torch.inference_mode()
     def execute(
         self, work: list[tuple[SequenceState, int]]
@@ -168,7 +172,7 @@ class ModelRunner:
                 samplers.append(seq)  # a draft's verification: a logits row per position
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
         if short:
-            batch.spans = self._span_group(short)
+            batch.spans = span_group(short, self.block_size, self.group, self.device)
         batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=torch.tensor([ids], device=self.device),
