@@ -221,7 +221,7 @@ class Engine:
         self._apply_aborts(outputs)
         self._step_index += 1
         scheduled = self.scheduler.schedule()
-        spare = self.scheduler.max_num_batched_tokens - scheduled.num_tokens
+        spare = self.scheduler.spare_tokens(scheduled)  # drafts count against the target too
         self.speculator.extend(scheduled.work, self.scheduler, spare)
         self._last_step_tokens = scheduled.num_tokens
         self._report_admissions(scheduled.work, outputs)

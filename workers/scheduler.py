@@ -11,7 +11,9 @@ blocks usually come straight back from the prefix cache).
 Decodes always go first. With a step-time target (`StepBudget`, step_time.py), prefill gets only
 the tokens that still fit under the target after the decodes, so a long prompt is split into
 chunks small enough that the running sequences keep their token cadence; without one, prefill
-takes whatever the fixed token budget leaves.
+takes whatever the fixed token budget leaves. Optional work (speculative drafts) is added after
+the schedule and gets only `spare_tokens`: what is still left under the target after the decodes
+and prefill, so a step with drafts runs no longer than one without.
 
 The scheduler owns the block manager: the engine asks it to admit, fork and release sequences
 and to record what a step computed, and never touches blocks itself (nano-vllm's split).
@@ -175,6 +177,14 @@ class Scheduler:
         if self.step_budget is not None and step.work:
             self.step_budget.started()
         return step
+
+    def spare_tokens(self, step: ScheduledStep) -> int:
+        """Tokens `step` may still take for optional work (speculative drafts): what the fixed
+        budget leaves, and with a step-time target no more than still fits under it."""
+        limit = max(0, self.max_num_batched_tokens - step.num_tokens)
+        if self.step_budget is None or not step.work:
+            return limit
+        return self.step_budget.spare_tokens(step.num_tokens, limit)
 
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""

@@ -102,6 +102,18 @@ class StepBudget:
         room = max(self.target_s - decodes_s, MIN_PREFILL_SHARE * decodes_s)
         return max(0, min(limit, max(self.floor, int(room / slope))))
 
+    def spare_tokens(self, step_tokens: int, limit: int) -> int:
+        """Tokens a scheduled step of `step_tokens` may still add (speculative drafts) and end
+        within the target, at most `limit`; all of `limit` before anything was measured.
+
+        NOTE: unlike prefill there is no floor and no share past the target: this work is
+        optional, so a step already at the target gets none."""
+        slope = self.model.per_token
+        step_s = self.model.predict(step_tokens)
+        if slope is None or step_s is None or slope <= 0:
+            return limit
+        return max(0, min(limit, int((self.target_s - step_s) / slope)))
+
     def started(self) -> None:
         """The step's work is decided; its time runs from here."""
         self._started = self.clock()

@@ -92,6 +92,35 @@ def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
     assert budget.prefill_tokens(2, limit=512) == 48  # fewer decodes: the target rules again
 
 
+def test_optional_tokens_get_only_the_time_left_under_the_target():
+    budget = StepBudget(0.050, floor=4, clock=FakeClock())
+    assert budget.spare_tokens(8, limit=100) == 100  # nothing measured yet: the fixed budget
+    for tokens in (8, 40, 8, 40):
+        budget.model.observe(tokens, 0.010 + 0.001 * tokens)
+    assert budget.spare_tokens(8, limit=100) == 32  # (50 - 18) ms at 1 ms a token
+    assert budget.spare_tokens(8, limit=10) == 10
+    assert budget.spare_tokens(40, limit=100) == 0  # at the target: no floor, no share past it
+    assert budget.spare_tokens(64, limit=100) == 0
+
+
+def test_speculative_drafts_fit_under_the_target_with_the_prefill():
+    clock = FakeClock()
+    device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
+    sched = make_scheduler(clock, target_s=0.020)
+    decoding(sched, device, 4)
+    step = sched.schedule()  # four decodes: 7 ms, so 26 tokens more fit in 20 ms
+    assert step.num_tokens == 4 and sched.spare_tokens(step) == pytest.approx(26, abs=1)
+    sched = make_scheduler(clock, target_s=0.020)  # the same decodes and a long prompt
+    decoding(sched, device, 4)
+    sched.add(make_seq("long", 300))
+    step = sched.schedule()  # prefill took the time left: nothing is spare
+    assert 4 < step.num_tokens < 300 and sched.spare_tokens(step) <= 1
+    fixed = make_scheduler(clock, target_s=None)
+    decoding(fixed, device, 2)
+    step = fixed.schedule()
+    assert fixed.spare_tokens(step) == 512 - 2  # no target: what the fixed budget leaves
+
+
 def test_the_budget_times_a_step_between_schedule_and_read_back():
     clock = FakeClock()
     budget = StepBudget(0.050, floor=4, clock=clock)
