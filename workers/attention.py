@@ -130,15 +130,16 @@ def _decode_from_rows(
     rows_k, rows_v = batch.row_keys[layer], batch.row_values[layer]
     for rows, new in ((rows_k, key), (rows_v, value)):
         fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
-        rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh)
-    # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D], placed at the decodes' rows
+        rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh.to(rows.dtype))
+    # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D], placed at the decodes' rows (in their dtype)
     q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).permute(2, 0, 1, 3)
+    q = q.to(rows_k.dtype)
     if batch.row_index is not None:
         q = q.new_zeros(used, *q.shape[1:]).index_copy_(0, batch.row_index, q)
     o = _decode_attention(q, rows_k[:used], rows_v[:used], batch.decode_bias, scale)
     if batch.row_index is not None:
         o = o.index_select(0, batch.row_index)
-    return o.reshape(nd, heads, head_dim)
+    return o.reshape(nd, heads, head_dim).to(query.dtype)
 
 
 def _group_attention(

@@ -13,6 +13,11 @@ only know blocks). A row is trusted only while its sequence decodes every step: 
 skips a step, is preempted or comes back with a different length is copied in again. The rows
 never hold more token slots than the paged cache itself; a batch that would need more is served
 by gathering blocks, as before (`arrange` returns None).
+
+NOTE on dtype: on CPU the rows are float32 whatever the cache's dtype. CPU batched matmuls in
+bfloat16 (no native bf16 dot on AVX2) ran the decodes' attention 3-5x slower than in float32,
+and that attention is most of a step's non-GEMM time at c=64; the price is twice the rows'
+memory in a bfloat16 run. On an accelerator the rows keep the cache's dtype.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class DecodeRows:
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
+        on_cpu = cache.keys.device.type == "cpu"
+        self.dtype = torch.float32 if on_cpu else cache.keys.dtype
         self.keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
         self.values: torch.Tensor | None = None
         self.seqs: list[SequenceState | None] = []  # row i holds seqs[i]'s past (None: free) ...
@@ -139,7 +146,8 @@ class DecodeRows:
         cache = self.cache
         layers, kv_heads, _, head_dim = cache.keys.shape
         size = (layers, count, kv_heads, capacity, head_dim)
-        keys, values = cache.keys.new_zeros(size), cache.values.new_zeros(size)
+        keys = cache.keys.new_zeros(size, dtype=self.dtype)
+        values = cache.values.new_zeros(size, dtype=self.dtype)
         held = [row for row, seq in enumerate(self.seqs) if seq is not None]
         if held:
             keep = min(capacity, self.capacity)
