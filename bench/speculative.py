@@ -14,9 +14,9 @@ wave, repeated `--repeats` times, so a slow spell of the shared machine falls on
            tokens counts k times, gap / k), median and p90
   accept   draft tokens the model agreed with / draft tokens verified
   tok/ver  tokens a verifying sequence emitted per step (accepted + the model's own one)
-  same     requests whose output is identical in both modes, token for token (in bfloat16 a
-           verified position's logits round differently from a one-token step's, so a near-tie
-           can go the other way; in float32 every output is the same)
+  same     requests whose output is identical in both modes, token for token (expected in
+           float32; in bfloat16 a verification's rounding could part them at a near-tie, which
+           speculative.py's docstring says how often was measured)
 
     .venv/bin/python bench/speculative.py                 # c=1 and c=8, bfloat16
     .venv/bin/python bench/speculative.py --concurrency 1 --repeats 1 --max-new-tokens 64

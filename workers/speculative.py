@@ -7,9 +7,19 @@ followed the latest match. They ride in the step as a short chunk after the last
 runner keeps the logits of every position, the target's greedy choice at each is compared with
 the draft, and the sequence takes the longest agreeing prefix plus the target's own next token
 (its correction at the first mismatch, or a bonus token when every draft token was right).
-Greedy output is therefore what one-token decoding gives, token for token in float32; in
-bfloat16 a verified position's logits come from the chunk path and round differently, so at a
-near-tie the two can part (as chunked prefill can).
+Greedy output is therefore what one-token decoding gives, token for token in float32.
+
+NOTE on bfloat16: the engine's own forward (paged attention, fused projections) rounds
+differently from transformers' `generate`, with or without speculation, so at a near-tie both
+part from `generate` at the same token. Measured (2026-12, CPU): SmolLM2-135M-Instruct on
+bench/speculative.py's first 4 prompts, 48 greedy tokens: without speculation 2/4 outputs equal
+`generate` (first differences at tokens 8 and 31), one request at a time and 4 batched alike;
+with speculation the same 2/4, and 4/4 equal the non-speculative engine's token for token, at
+c=1 and c=4. The tests' tiny model (4 prompts, 40 tokens; plain, attention-damped and looping
+copies): without speculation 1/4, 1/4 and 3/4 equal `generate` (the looping copy's odd one
+differs at its first token, which comes from the prefill alone), with speculation 12/12 equal
+the non-speculative engine's. The bfloat16 gap is the engine's kernels, not speculation or
+batching.
 
 NOTE on the KV cache: the draft's KV is written like any chunk's, but `num_computed_tokens`
 advances only over the accepted tokens, so slots written for rejected ones lie past the committed
@@ -111,8 +121,9 @@ class Speculator:
     """Extends a step's scheduled decodes with drafts, and settles them once the step ran.
 
     A draft sits at the end of `seq.all_ids` (and in `seq.draft`) from `extend` until `settle`
-    or `discard`. It is spare work: it takes only the step's unused token budget and blocks that
-    are free, never preempts, and never displaces a decode or a prefill chunk. A step with more
+    or `discard`. It is spare work: it takes only the step's unused token budget (with a
+    step-time target, the tokens still fitting under it: Scheduler.spare_tokens) and blocks
+    that are free, never preempts, and never displaces a decode or a prefill chunk. A step with more
     than MAX_SPECULATING_DECODES decodes drafts nothing."""
 
     def __init__(self, mode: str = DEFAULT_MODE, spec_tokens: int = DEFAULT_SPEC_TOKENS) -> None:
