@@ -3,6 +3,8 @@ and prompts split into chunks so the running sequences keep their cadence (fake 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.unit.test_paged_engine import assert_no_leaks, prompts, run, submit, text_of
@@ -65,11 +67,26 @@ def test_noise_on_a_busy_machine_does_not_pass_for_per_token_cost():
     assert model.per_token == pytest.approx(0.4 / 25)  # the cheapest recent step bounds it
 
 
-def test_the_prefill_budget_shrinks_when_steps_run_long():
+def measured_budget(untouched: Callable[[StepBudget], None]) -> StepBudget:
+    """A 50 ms target whose fit has seen steps of 10 ms plus 1 ms a token; `untouched` checks
+    the budget before anything was measured."""
     budget = StepBudget(0.050, floor=4, clock=FakeClock())
-    assert budget.prefill_tokens(8, limit=512) == 512  # nothing measured yet: the fixed budget
+    untouched(budget)
     for tokens in (8, 40, 8, 40):
         budget.model.observe(tokens, 0.010 + 0.001 * tokens)
+    return budget
+
+
+def _prefill_is_the_fixed_budget(budget: StepBudget) -> None:
+    assert budget.prefill_tokens(8, limit=512) == 512  # nothing measured yet: the fixed budget
+
+
+def _spare_is_the_fixed_budget(budget: StepBudget) -> None:
+    assert budget.spare_tokens(8, limit=100) == 100  # nothing measured yet: the fixed budget
+
+
+def test_the_prefill_budget_shrinks_when_steps_run_long():
+    budget = measured_budget(_prefill_is_the_fixed_budget)
     assert budget.prefill_tokens(8, limit=512) == 32  # (50 - 18) ms at 1 ms a token
     allowed = []
     for _ in range(30):  # the machine gets twice as slow per token
@@ -93,10 +110,7 @@ def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
 
 
 def test_optional_tokens_get_only_the_time_left_under_the_target():
-    budget = StepBudget(0.050, floor=4, clock=FakeClock())
-    assert budget.spare_tokens(8, limit=100) == 100  # nothing measured yet: the fixed budget
-    for tokens in (8, 40, 8, 40):
-        budget.model.observe(tokens, 0.010 + 0.001 * tokens)
+    budget = measured_budget(_spare_is_the_fixed_budget)
     assert budget.spare_tokens(8, limit=100) == 32  # (50 - 18) ms at 1 ms a token
     assert budget.spare_tokens(8, limit=10) == 10
     assert budget.spare_tokens(40, limit=100) == 0  # at the target: no floor, no share past it
