@@ -71,6 +71,26 @@ def test_a_steady_decode_copies_each_sequence_in_once(tiny) -> None:
     assert engine.runner.rows.capacity >= max(map(len, all_ids)) + 39  # the last step's position
 
 
+def test_rows_grow_geometrically_not_a_block_at_a_time(tiny, monkeypatch) -> None:
+    """Growing the capacity copies every held row: a steady decode of 200 tokens in 8-token
+    blocks grows the rows 5 times (by a quarter each), where a block of headroom took 13."""
+    model, tokenizer = tiny
+    reshapes: list[int] = []
+    reshape = DecodeRows._reshape
+
+    def counted(self, count: int, capacity: int) -> None:
+        reshapes.append(capacity)
+        reshape(self, count, capacity)
+
+    monkeypatch.setattr(DecodeRows, "_reshape", counted)
+    engine = Engine(
+        model, tokenizer, max_num_seqs=2, num_kv_blocks=128, block_size=8, speculative="off"
+    )
+    stream(engine, prompts(tokenizer, [10, 10]), [200, 200])
+    assert reshapes == sorted(reshapes)  # only growing
+    assert 1 <= len(reshapes) <= 8, reshapes
+
+
 def test_a_batch_that_would_outgrow_the_cache_gathers_instead(tiny, monkeypatch) -> None:
     model, tokenizer = tiny
     all_ids = prompts(tokenizer, [60, 1, 1, 1], seed=3)
