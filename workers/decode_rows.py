@@ -18,6 +18,16 @@ NOTE on dtype: on CPU the rows are float32 whatever the cache's dtype. CPU batch
 bfloat16 (no native bf16 dot on AVX2) ran the decodes' attention 3-5x slower than in float32,
 and that attention is most of a step's non-GEMM time at c=64; the price is twice the rows'
 memory in a bfloat16 run. On an accelerator the rows keep the cache's dtype.
+
+NOTE on memory: growing the rows lays them out anew. On CPU, fresh memory costs a page fault per
+page on first touch: zeroing 150 MB of new pages took 50 ms here, and several times that on a
+virtual machine whose host had not yet backed the pages (a reshape of 8 rows of 800 positions
+took 150-600 ms, up to four steps' worth, all in one step's ITL). So on CPU the rows' tensors
+are views of two reserved flat buffers (`RowArena`) the layouts take turns in: each buffer is
+address space for as many token slots as the paged cache, its pages appear as a layout first
+reaches them and stay, so a reshape past warm-up costs only the copy of the held rows. On an
+accelerator (no page faults; the caching allocator reuses freed blocks) a reshape allocates
+exactly, as reserving the whole budget would take real device memory.
 """
 
 from __future__ import annotations
@@ -38,6 +48,25 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
+class RowArena:
+    """A flat buffer the rows' keys (or values) are laid out in, one layout after another.
+
+    Reserved whole (CPU: address space only) and zeroed only as far as a layout has reached, so
+    every value a layout can read is finite: zero, or K/V some layout wrote (a masked position's
+    weight is 0, and 0 x NaN would still poison its row)."""
+
+    def __init__(self, like: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        self.flat = like.new_empty(numel, dtype=dtype)
+        self.ready = 0  # flat[:ready] is zero or written
+
+    def take(self, numel: int) -> torch.Tensor:
+        """The first `numel` values, initialised."""
+        if numel > self.ready:
+            self.flat[self.ready : numel].zero_()
+            self.ready = numel
+        return self.flat[:numel]
+
+
 class DecodeRows:
     """Owns the row copies; `arrange` finds (or makes) each of a step's decodes its row."""
 
@@ -52,6 +81,8 @@ class DecodeRows:
         self.tables: list[list[int]] = []  # ... read from (and written beside) these blocks
         self.row_of: dict[int, int] = {}  # id(sequence) → its row
         self.copied_in = 0  # sequences copied in whole from blocks, over the runner's life (tests)
+        self.reserve = on_cpu  # layouts take turns in two reserved arenas (see the module note)
+        self._arenas: list[tuple[RowArena, RowArena]] = []  # (keys, values), the current last
 
     @property
     def capacity(self) -> int:
@@ -98,6 +129,7 @@ class DecodeRows:
         """Forget every row and free the memory."""
         self.keys = self.values = None
         self.seqs, self.lengths, self.tables, self.row_of = [], [], [], {}
+        self._arenas = []
 
     def _free_stale(self, starts: dict[int, int]) -> None:
         """Free the rows of sequences not in this step, behind their row, or whose blocks changed
@@ -149,22 +181,39 @@ class DecodeRows:
 
     def _reshape(self, count: int, capacity: int) -> None:
         """New tensors; the held rows move over packed (rows 0..n-1, holes closed)."""
-        cache = self.cache
-        layers, kv_heads, _, head_dim = cache.keys.shape
+        layers, kv_heads, _, head_dim = self.cache.keys.shape
         size = (layers, count, kv_heads, capacity, head_dim)
-        keys = cache.keys.new_zeros(size, dtype=self.dtype)
-        values = cache.values.new_zeros(size, dtype=self.dtype)
+        keys, values = (flat.view(size) for flat in self._layout(size))
         held = [row for row, seq in enumerate(self.seqs) if seq is not None]
-        if held:
-            keep = min(capacity, self.capacity)
-            index = torch.tensor(held, device=keys.device)
-            keys[:, : len(held), :, :keep] = self.keys[:, index, :, :keep]
-            values[:, : len(held), :, :keep] = self.values[:, index, :, :keep]
+        keep = min(capacity, self.capacity)
+        for new, old in ((keys, self.keys), (values, self.values)):
+            for to, row in enumerate(held):
+                new[:, to, :, :keep] = old[:, row, :, :keep]
         self.seqs = [self.seqs[row] for row in held]
         self.lengths = [self.lengths[row] for row in held]
         self.tables = [self.tables[row] for row in held]
         self.row_of = {id(seq): row for row, seq in enumerate(self.seqs)}
         self.keys, self.values = keys, values
+
+    def _layout(self, size: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat keys and values for a layout of `size`: on CPU from the arena the current layout
+        is not in (two, reserved on first use), elsewhere newly allocated."""
+        cache = self.cache
+        layers, count, kv_heads, capacity, head_dim = size
+        numel = layers * count * kv_heads * capacity * head_dim
+        if not self.reserve:
+            zeros = cache.keys.new_zeros
+            return zeros(numel, dtype=self.dtype), zeros(numel, dtype=self.dtype)
+        if not self._arenas:
+            # every layout holds at most the paged cache's token slots (`_fit`)
+            whole = numel // (count * capacity) * cache.num_blocks * cache.block_size
+            self._arenas = [
+                (RowArena(cache.keys, whole, self.dtype), RowArena(cache.values, whole, self.dtype))
+                for _ in range(2)
+            ]
+        self._arenas.reverse()  # the one not holding the current layout goes last
+        keys, values = self._arenas[-1]
+        return keys.take(numel), values.take(numel)
 
     def _copy_in(self, seq: SequenceState, row: int, start: int) -> None:
         """Positions start .. num_computed_tokens - 1 of the row, whole blocks from the cache."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from tests.support.worker_lines import wire
-from workers.decode_rows import DecodeRows
+from workers.decode_rows import DecodeRows, RowArena
 from workers.engine import Engine
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
@@ -89,6 +91,38 @@ def test_rows_grow_geometrically_not_a_block_at_a_time(tiny, monkeypatch) -> Non
     stream(engine, prompts(tokenizer, [10, 10]), [200, 200])
     assert reshapes == sorted(reshapes)  # only growing
     assert 1 <= len(reshapes) <= 8, reshapes
+
+
+def test_on_cpu_layouts_take_turns_in_two_arenas_and_read_only_finite_values(tiny, monkeypatch):
+    """A reshape must not take fresh memory (its page faults landed in one step's ITL): the
+    layouts alternate between two reserved arenas, and what a layout reads past its rows'
+    lengths is zero or old K/V, never uninitialised memory (0 x NaN poisons a masked row)."""
+    model, tokenizer = tiny
+    reserved = []
+    arena = RowArena.__init__
+
+    def counted(self, *args) -> None:
+        arena(self, *args)
+        reserved.append(self)
+
+    monkeypatch.setattr(RowArena, "__init__", counted)
+    layouts = []
+    reshape = DecodeRows._reshape
+
+    def checked(self, count: int, capacity: int) -> None:
+        reshape(self, count, capacity)
+        layouts.append(self.keys.data_ptr())
+        assert torch.isfinite(self.keys).all() and torch.isfinite(self.values).all()
+
+    monkeypatch.setattr(DecodeRows, "_reshape", checked)
+    settings = dict(max_num_seqs=3, num_kv_blocks=128, block_size=8, speculative="off")
+    all_ids, new = prompts(tokenizer, [10, 30, 10], seed=7), [200, 40, 150]
+    texts = stream(Engine(model, tokenizer, **settings), all_ids, new)
+    assert len(layouts) >= 3 and len(reserved) == 4  # keys and values, two arenas each
+    flats = {a.flat.data_ptr() for a in reserved}
+    assert set(layouts) <= flats and len(set(layouts)) == 2
+    gathering(monkeypatch)
+    assert stream(Engine(model, tokenizer, **settings), all_ids, new) == texts
 
 
 def test_a_batch_that_would_outgrow_the_cache_gathers_instead(tiny, monkeypatch) -> None:
