@@ -109,9 +109,9 @@ class Tracer:
         if sched.step_budget is not None:
             ended = sched.step_budget.ended
 
-            def traced_ended(tokens: int) -> None:
+            def traced_ended(tokens: int, *more: int) -> None:  # older trees: no decodes
                 begun = sched.step_budget._started
-                ended(tokens)
+                ended(tokens, *more)
                 if begun is not None:
                     self.cur.measured = sched.step_budget.clock() - begun
 

@@ -56,6 +56,7 @@ class ScheduledStep:
 
     work: list[tuple[SequenceState, int]] = field(default_factory=list)
     preempted: list[SequenceState] = field(default_factory=list)
+    decodes: int = 0  # the first `decodes` of `work` are running sequences' one-token decodes
 
     @property
     def num_tokens(self) -> int:
@@ -167,7 +168,9 @@ class Scheduler:
                 break
             step.work.append((seq, new))
             budget -= new
-            if prefill is not None:
+            if prefill is None:
+                step.decodes += 1
+            else:
                 prefill -= new
             i += 1
         if not step.preempted:
@@ -189,7 +192,7 @@ class Scheduler:
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""
         if self.step_budget is not None and step.work:
-            self.step_budget.ended(step.num_tokens)
+            self.step_budget.ended(step.num_tokens, step.decodes)
 
     def _prefill_room(self, decode_tokens: int, budget: int) -> int:
         if self.step_budget is None:

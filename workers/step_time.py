@@ -24,6 +24,7 @@ RECENT_STEPS = 8  # steps whose seconds per token bound the slope (short: a slow
 # still gets this share of the decodes' own time, so queued prompts keep moving and a step with
 # prefill stays within about 1.5x a decode-only step.
 MIN_PREFILL_SHARE = 0.5
+TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest recent step
 
 
 class StepTimeModel:
@@ -36,6 +37,7 @@ class StepTimeModel:
         self.steps = 0
         self._x = self._y = self._xx = self._xy = 0.0  # weighted means of t, s, t^2, t*s
         self._per_token: deque[float] = deque(maxlen=RECENT_STEPS)  # each recent step's s / t
+        self._tokens: deque[int] = deque(maxlen=RECENT_STEPS)  # each recent step's t
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One step ran `tokens` tokens in `seconds`."""
@@ -47,7 +49,13 @@ class StepTimeModel:
         self._xx += w * (tokens * tokens - self._xx)
         self._xy += w * (tokens * seconds - self._xy)
         self._per_token.append(seconds / tokens)
+        self._tokens.append(tokens)
         self.steps += 1
+
+    @property
+    def largest(self) -> int:
+        """The most tokens a recent step ran: how far the fit has been seen to hold."""
+        return max(self._tokens, default=0)
 
     @property
     def per_token(self) -> float | None:
@@ -100,7 +108,12 @@ class StepBudget:
         if slope is None or decodes_s is None or slope <= 0:
             return limit
         room = max(self.target_s - decodes_s, MIN_PREFILL_SHARE * decodes_s)
-        return max(0, min(limit, max(self.floor, int(room / slope))))
+        # NOTE: a step's cost is not linear in its tokens: a small chunk rides on the decodes'
+        # weight reads almost free, a large one pays full compute (CPU, float32: a fit read off
+        # 20-40-token chunks priced 254 tokens at 190 ms; they took 500). So a step grows to at
+        # most twice the largest recently measured, and the fit learns the new size first.
+        trusted = TRUST_GROWTH * self.model.largest - decode_tokens
+        return max(0, min(limit, max(self.floor, min(int(room / slope), trusted))))
 
     def spare_tokens(self, step_tokens: int, limit: int) -> int:
         """Tokens a scheduled step of `step_tokens` may still add (speculative drafts) and end
@@ -118,8 +131,14 @@ class StepBudget:
         """The step's work is decided; its time runs from here."""
         self._started = self.clock()
 
-    def ended(self, tokens: int) -> None:
-        """The step's results are on the host: learn from how long its `tokens` took."""
-        if self._started is not None:
+    def ended(self, tokens: int, decodes: int) -> None:
+        """The step's results are on the host: learn from how long its `tokens` took.
+
+        NOTE: a step without decodes is not learned from. The budget only shapes steps with
+        decodes, and a prompt-only step's long GEMMs cost less a token than a chunk adds to a
+        decode step (CPU, float32: 1.6 against 2.9 ms). Learned, its seconds per token became the
+        slope's bound, the fit's fixed part grew to match, and steps with a chunk ran 2.3x a
+        decode-only step where 1.5x was meant."""
+        if self._started is not None and decodes > 0:
             self.model.observe(tokens, self.clock() - self._started)
         self._started = None

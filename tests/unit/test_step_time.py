@@ -109,6 +109,18 @@ def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
     assert budget.prefill_tokens(2, limit=512) == 48  # fewer decodes: the target rules again
 
 
+def test_a_step_grows_only_as_far_as_the_fit_has_been_seen_to_hold():
+    """Small chunks ride on the decodes' weight reads almost free, so a fit read off them prices
+    a large chunk far too low: the step may grow to twice the largest measured, no further."""
+    budget = StepBudget(0.050, floor=4)
+    for _ in range(20):
+        budget.model.observe(4, 0.100)  # four decodes
+        budget.model.observe(24, 0.105)  # the same with a 20-token chunk: 0.25 ms a token
+    assert budget.prefill_tokens(4, limit=512) == 2 * 24 - 4  # not 0.050 / 0.00025 = 200
+    budget.model.observe(44, 0.110)
+    assert budget.prefill_tokens(4, limit=512) == 2 * 44 - 4
+
+
 def test_optional_tokens_get_only_the_time_left_under_the_target():
     budget = measured_budget(_spare_is_the_fixed_budget)
     assert budget.spare_tokens(8, limit=100) == 32  # (50 - 18) ms at 1 ms a token
@@ -138,11 +150,11 @@ def test_speculative_drafts_fit_under_the_target_with_the_prefill():
 def test_the_budget_times_a_step_between_schedule_and_read_back():
     clock = FakeClock()
     budget = StepBudget(0.050, floor=4, clock=clock)
-    budget.ended(10)  # nothing started: nothing learned
+    budget.ended(10, decodes=2)  # nothing started: nothing learned
     assert budget.model.steps == 0
     budget.started()
     clock.now += 0.020
-    budget.ended(10)
+    budget.ended(10, decodes=2)
     assert budget.model.predict(10) == pytest.approx(0.020)
 
 
@@ -177,6 +189,41 @@ def test_a_long_prompt_is_split_so_decodes_keep_their_cadence():
     for work, took in steps:
         assert [r for r, _ in work[:4]] == ["d0", "d1", "d2", "d3"]  # every decode, first
         assert took <= 0.020 * 1.05  # no step ran much past the target
+
+
+class LongGemmDevice(FakeDevice):
+    """As FakeDevice, but a step without decodes costs `prompt_only` a token: one long GEMM is
+    cheaper a token than a chunk riding with decodes."""
+
+    def __init__(self, clock: FakeClock, fixed: float, per_token: float, prompt_only: float):
+        super().__init__(clock, fixed, per_token)
+        self.prompt_only = prompt_only
+
+    def run(self, sched: Scheduler) -> tuple[list[tuple[str, int]], float]:
+        if any(seq.num_uncomputed == 1 for seq in sched.running):
+            return super().run(sched)
+        per_token, self.per_token = self.per_token, self.prompt_only
+        try:
+            return super().run(sched)
+        finally:
+            self.per_token = per_token
+
+
+def test_prompt_only_steps_do_not_teach_the_cost_of_a_chunk_beside_decodes():
+    """Decodes outrun the target (100 ms against 50), so a step with a chunk may take about 1.5x
+    a decode-only step; prompt-only steps, cheaper a token, must not talk the budget into more."""
+    clock = FakeClock()
+    device = LongGemmDevice(clock, fixed=0.100, per_token=0.003, prompt_only=0.0015)
+    sched = make_scheduler(clock, target_s=0.050)
+    sched.add(make_seq("doc", 400))
+    device.run(sched)  # prompt only: 700 ms for 400 tokens
+    for _ in range(4):
+        device.run(sched)  # "doc" decodes alone: 103 ms
+    sched.add(make_seq("long", 300))
+    steps = [device.run(sched) for _ in range(30)]
+    with_chunk = [took for work, took in steps if any(n > 1 for _, n in work)]
+    assert len(with_chunk) >= 5  # the prompt went in chunks
+    assert max(with_chunk) <= 1.5 * 0.103 * 1.1
 
 
 def test_a_fixed_budget_runs_the_whole_prompt_in_one_long_step():
