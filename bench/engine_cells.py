@@ -25,7 +25,7 @@ from engine_drive import drive
 from engine_hf_rows import make_cb_manager, run_cb, run_generate
 from engine_rows import ENGINE_KWARGS, bench_grammar, engine_settings, make_engine
 from engine_stats import summarize
-from engine_workload import Arrival, build_prompts, mixed_prompts, plan
+from engine_workload import Arrival, build_prompts, mixed_prompts, plan, warmup_size
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).with_name("engine_throughput.py")
@@ -120,13 +120,14 @@ def run_cell(args: argparse.Namespace) -> None:
             continue  # (a) is one at a time; (b) at c=1 is (a) again
         poisson = args.arrivals == "poisson"
         count = args.requests if poisson else math.ceil(max(c, args.requests) / c) * c
-        prompts = (mixed_prompts if poisson else build_prompts)(tokenizer, count + min(c, 2))
+        warm, warm_tokens = warmup_size(c, poisson)
+        prompts = (mixed_prompts if poisson else build_prompts)(tokenizer, count + warm)
         prompts, warmup = prompts[:count], prompts[count:]  # warm-up prompts are not reused
         arrivals = plan(prompts, args, args.rate if poisson else None)
         reset_peak_rss()
         run, close, settings = open_row(row, model, tokenizer, args, c, prompts + warmup)
         try:
-            run([Arrival(0.0, p) for p in warmup], "warmup", 4)
+            run([Arrival(0.0, p) for p in warmup], "warmup", warm_tokens)
             traces, started = [], time.perf_counter()
             for w, wave in enumerate(timed_runs(row, arrivals, c, poisson)):
                 traces.extend(run(wave, f"c{c}w{w}", args.max_new_tokens))

@@ -32,7 +32,7 @@ if str(TREE) not in sys.path:
 from engine_drive import drive  # noqa: E402
 from engine_rows import engine_settings, make_engine  # noqa: E402
 from engine_stats import percentile  # noqa: E402
-from engine_workload import Arrival, mixed_prompts, plan  # noqa: E402
+from engine_workload import Arrival, mixed_prompts, plan, warmup_size  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -182,6 +182,7 @@ def main() -> None:
     p.add_argument("--step-time-target", type=float, default=None, help="0: row d-fixed")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", default=None, help="write every step here")
+    p.add_argument("--cold", action="store_true", help="a two-prompt warm-up, not a burst of c")
     args = p.parse_args()
     for name in ("num_kv_blocks", "block_size", "max_num_batched_tokens"):
         setattr(args, name, None)
@@ -193,11 +194,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     model, tokenizer = load_model(resolve_model_path(None), "cpu", args.dtype)
-    prompts = mixed_prompts(tokenizer, args.requests + 2)
+    warm, warm_tokens = warmup_size(args.concurrency, poisson=not args.cold)
+    prompts = mixed_prompts(tokenizer, args.requests + warm)
     prompts, warmup = prompts[: args.requests], prompts[args.requests :]
     row = "d-fixed" if args.step_time_target == 0 else "d"
     engine, _ = make_engine(model, tokenizer, engine_settings(row, args, args.concurrency, prompts))
-    drive(engine, [Arrival(0.0, p) for p in warmup], 4, "warmup")
+    drive(engine, [Arrival(0.0, p) for p in warmup], warm_tokens, "warmup")
     tracer = Tracer(engine)
     drive(engine, plan(prompts, args, args.rate), args.max_new_tokens, "run")
     print(f"row {row}:", analyse(tracer.steps))

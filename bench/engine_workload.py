@@ -93,6 +93,17 @@ def mixed_prompts(tokenizer: Any, count: int) -> list[list[int]]:
     return [document_prompt(tokenizer, k) if k % 4 == 3 else chat[k] for k in range(count)]
 
 
+def warmup_size(concurrency: int, poisson: bool) -> tuple[int, int]:
+    """(requests, new tokens each) of the untimed warm-up before a cell, on prompts of its own.
+
+    NOTE: under Poisson arrivals the warm-up is a burst of `concurrency` mixed prompts, so the
+    engine's memory (the decode rows' arenas) has reached its working size before the clock
+    starts, as a serving worker's has after its first minute. A cold engine's first growths
+    fault in fresh memory, 150-600 ms in one step on a VM whose host has not backed the pages;
+    `engine_steps.py --cold` traces that start."""
+    return (concurrency, 16) if poisson else (min(concurrency, 2), 4)
+
+
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """One request of a run: when it arrives (seconds after the run starts), its prompt, and
