@@ -233,8 +233,8 @@ class MemoryQuotaStore:
         lim, run = request.limits, request.run_id
         state = self._tenants.setdefault(request.tenant, _Tenant())
         snap = self._snapshot(state, lim)
-        if run in state.live:
-            raise ValueError(f"run {run} is already admitted")
+        if run in state.live:  # admitted again (as a Redis store answers a resend): counted once
+            return Admission(request.tenant, run, request.tokens, lim, rate_headers(lim, snap))
         if (refused := refusal(request, snap)) is not None:
             snap.requests_retry_us, snap.tokens_retry_us = self._waits(state, request, snap)
             refused = refusal(request, snap)

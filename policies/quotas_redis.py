@@ -42,7 +42,7 @@ _KEYS = "local W, A, H, L, P, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], K
 # ARGV: 1 mode ("admit" | "peek"), 2 now, 3 run, 4 tokens, 5 rpm, 6 tpm, 7 max_concurrent,
 #       8 budget tokens (-1 = unlimited), 9 window cutoff (now - window), 10 window µs,
 #       11 slot expiry, 12 window ttl ms, 13 live ttl ms, 14 budget ttl ms, 15 period index
-# Returns {status (1 admitted, 0 refused or peek, -1 run already live), requests, tokens held,
+# Returns {status (1 admitted, also again for a live run; 0 refused or peek), requests, tokens held,
 #          oldest admission (-1: none), live, budget used, requests retry µs, tokens retry µs}
 ADMIT = (
     _KEYS
@@ -85,7 +85,9 @@ local function state(status, req_retry, tok_retry)
   return {status, count, held, oldest(), live, used, req_retry, tok_retry}
 end
 if mode == 'peek' then return state(0, -1, -1) end
-if redis.call('ZSCORE', L, run) then return {-1} end
+-- NOTE: a live run admitted again is the client's resend of an admission whose reply was
+-- lost (run ids are never reused): it was admitted, and is not counted twice.
+if redis.call('ZSCORE', L, run) then return state(1, -1, -1) end
 
 local ok, req_retry, tok_retry = true, -1, -1
 if rpm >= 0 and count >= rpm then
@@ -199,8 +201,6 @@ class RedisQuotaStore:
 
     def admission(self, request: QuotaRequest, snap: Snapshot, status: int) -> Admission:
         """The admit script's answer as an Admission; raises the refusal (QuotaExceeded)."""
-        if status == -1:
-            raise ValueError(f"run {request.run_id} is already admitted")
         if status == 0:
             refused = refusal(request, snap)
             assert refused is not None, "the admit script and refusal() disagree"

@@ -282,11 +282,18 @@ async def test_a_lost_slot_comes_back_after_its_ttl(store, clock):
     await refused(store, make_request(**limits))
 
 
-async def test_an_already_live_run_id_is_a_bug(store):
-    request = make_request(max_concurrent=5)
-    await store.admit(request)
-    with pytest.raises(ValueError):
-        await store.admit(request)
+async def test_a_live_run_admitted_again_is_admitted_once(store):
+    """A Redis client resends an admission whose reply was lost; every store answers a live
+    run's admission again without counting it twice."""
+    request = make_request(rpm=10, max_concurrent=2)
+    first = await store.admit(request)
+    again = await store.admit(request)
+    assert again.run_id == first.run_id
+    assert again.headers["x-ratelimit-remaining-requests"] == "9"  # one request, not two
+    await store.admit(make_request(rpm=10, max_concurrent=2))  # the second slot is free
+    assert (await refused(store, make_request(rpm=10, max_concurrent=2))).limit == "concurrency"
+    await store.release(first, 5)
+    await store.admit(make_request(rpm=10, max_concurrent=2))  # one release frees its slot
 
 
 async def test_replicas_share_rpm_exactly(redis_prefix, clock):

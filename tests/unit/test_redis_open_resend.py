@@ -19,7 +19,7 @@ from gateway.runs.store_mirrored import MirroredRunStore
 from gateway.runs.store_redis import RedisRunStore
 from policies.idempotency import RedisIdempotencyStore
 from policies.quotas import QuotaExceeded, QuotaLimits, QuotaRequest
-from policies.quotas_redis import RedisQuotaStore
+from policies.quotas_redis import ADMIT, RedisQuotaStore
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TWO_AT_A_TIME = QuotaLimits(rpm=10, max_concurrent=2)
@@ -128,3 +128,21 @@ async def test_another_opening_of_a_taken_run_id_is_still_refused(opening_throug
     await opener.open(None, quota("run-1"), record)
     with pytest.raises(ValueError, match="exists"):  # not a resend: a token of its own
         await opener.open(None, quota("run-1"), record)
+
+
+async def test_an_admission_sent_again_after_its_reply_was_lost_counts_once(
+    opening_through_dropper,
+):
+    """The admission outside the opening script (a run store apart from Redis): its resend is
+    answered as admitted, not refused as "already admitted" with the slot held."""
+    _, quotas, dropper, _ = opening_through_dropper
+    dropper.marker = (await quotas.redis.script_load(ADMIT)).encode()
+    admission = await quotas.admit(quota("run-1"))
+    assert dropper.dropped == 1  # the first send ran in Redis; its answer was lost
+    assert admission.run_id == "run-1"
+    headers = await quotas.headers("acme", TWO_AT_A_TIME)
+    assert headers["x-ratelimit-remaining-requests"] == "9"  # one request counted, not two
+    assert (await quotas.admit(quota("run-2"))).run_id == "run-2"  # the second slot is free
+    with pytest.raises(QuotaExceeded) as refused:
+        await quotas.admit(quota("run-3"))
+    assert refused.value.limit == "concurrency"
