@@ -104,6 +104,16 @@ def quota(run_id: str) -> QuotaRequest:
     return QuotaRequest("acme", run_id, 10, TWO_AT_A_TIME)
 
 
+async def counted_once(quotas: RedisQuotaStore) -> None:
+    """run-1 holds one request and one of the two slots: run-2 gets the other, run-3 none."""
+    headers = await quotas.headers("acme", TWO_AT_A_TIME)
+    assert headers["x-ratelimit-remaining-requests"] == "9"  # one request counted, not two
+    assert (await quotas.admit(quota("run-2"))).run_id == "run-2"  # the second slot is free
+    with pytest.raises(QuotaExceeded) as refused:
+        await quotas.admit(quota("run-3"))
+    assert refused.value.limit == "concurrency"
+
+
 async def test_an_opening_sent_again_after_its_reply_was_lost_counts_once(opening_through_dropper):
     opener, quotas, dropper, sha = opening_through_dropper
     claim = KeyClaim("acme", "key-1", "sha256:a", "run-1", ttl=60.0)
@@ -114,12 +124,7 @@ async def test_an_opening_sent_again_after_its_reply_was_lost_counts_once(openin
     assert opening.held is None
     assert opening.admission is not None and opening.admission.run_id == "run-1"
     assert opening.admission.headers["x-ratelimit-remaining-requests"] == "9"
-    headers = await quotas.headers("acme", TWO_AT_A_TIME)
-    assert headers["x-ratelimit-remaining-requests"] == "9"  # one request counted, not two
-    assert (await quotas.admit(quota("run-2"))).run_id == "run-2"  # the second slot is free
-    with pytest.raises(QuotaExceeded) as refused:
-        await quotas.admit(quota("run-3"))
-    assert refused.value.limit == "concurrency"
+    await counted_once(quotas)
 
 
 async def test_another_opening_of_a_taken_run_id_is_still_refused(opening_through_dropper):
@@ -140,9 +145,4 @@ async def test_an_admission_sent_again_after_its_reply_was_lost_counts_once(
     admission = await quotas.admit(quota("run-1"))
     assert dropper.dropped == 1  # the first send ran in Redis; its answer was lost
     assert admission.run_id == "run-1"
-    headers = await quotas.headers("acme", TWO_AT_A_TIME)
-    assert headers["x-ratelimit-remaining-requests"] == "9"  # one request counted, not two
-    assert (await quotas.admit(quota("run-2"))).run_id == "run-2"  # the second slot is free
-    with pytest.raises(QuotaExceeded) as refused:
-        await quotas.admit(quota("run-3"))
-    assert refused.value.limit == "concurrency"
+    await counted_once(quotas)
