@@ -149,7 +149,8 @@ class RedisLedger:
     nothing, and then filters on each record's own `ended_at`.
 
     A record that cannot reach Redis (it is away) goes to the `fallback` JSONL ledger on this
-    host instead, so no run goes unbilled; `read` returns those too (each run once).
+    host instead, so no run goes unbilled; `read` returns those too. Each run is read once, also
+    when a resent append left its record in the stream twice.
     """
 
     CLOCK_SKEW = 60.0
@@ -191,7 +192,9 @@ class RedisLedger:
         while entries := await self.redis.xrange(self.key, min=start, max="+", count=self.PAGE):
             for _, fields in entries:
                 record = UsageRecord.from_json(fields[b"r"])
-                if _wanted(record, since, tenant):
+                # NOTE: the client resends an XADD whose reply was lost, and the stream may then
+                # hold the record twice: each run is read once
+                if record.run_id not in seen and _wanted(record, since, tenant):
                     seen.add(record.run_id)
                     yield record
             start = "(" + entries[-1][0].decode()

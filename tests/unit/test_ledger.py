@@ -134,6 +134,18 @@ async def test_redis_read_pages_through_a_long_stream(redis_prefix):
     assert await read_all(led, since=now - 1) == recs
 
 
+async def test_a_record_appended_twice_is_read_and_billed_once(redis_prefix):
+    """The client resends an XADD whose reply was lost: the stream holds the run twice."""
+    client, prefix = redis_prefix
+    led = RedisLedger(client, prefix=prefix)
+    record = make_record("r1", ended_at=time.time())
+    for _ in range(2):
+        await led.append(record)
+    assert await client.xlen(led.key) == 2
+    assert await read_all(led) == [record]
+    assert totals(await read_all(led))[0]["runs"] == 1
+
+
 async def test_redis_ledger_trims_to_about_maxlen(redis_prefix):
     client, prefix = redis_prefix
     led = RedisLedger(client, prefix=prefix, maxlen=10)
