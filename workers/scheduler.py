@@ -197,7 +197,8 @@ class Scheduler:
     def _prefill_room(self, decode_tokens: int, budget: int) -> int:
         if self.step_budget is None:
             return budget
-        return self.step_budget.prefill_tokens(decode_tokens, budget)
+        prompts = len(self.waiting) + sum(1 for s in self.running if s.num_uncomputed > 1)
+        return self.step_budget.prefill_tokens(decode_tokens, budget, prompts)
 
     def _make_room(
         self, step: ScheduledStep, order: list[SequenceState], i: int, target: int

@@ -22,7 +22,7 @@ EWMA_WEIGHT = 0.1  # the newest step's share: about the last 20 steps count
 RECENT_STEPS = 8  # steps whose seconds per token bound the slope (short: a slowdown shows soon)
 # NOTE: when decodes alone already outrun the target (a slow device, a big batch), prefill
 # still gets this share of the decodes' own time, so queued prompts keep moving and a step with
-# prefill stays within about 1.5x a decode-only step.
+# prefill stays within about 1.5x a decode-only step (more while prompts outnumber decodes).
 MIN_PREFILL_SHARE = 0.5
 TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest recent step
 
@@ -96,18 +96,26 @@ class StepBudget:
         self.model = StepTimeModel()
         self._started: float | None = None
 
-    def prefill_tokens(self, decode_tokens: int, limit: int) -> int:
-        """Prefill tokens for a step with `decode_tokens` decodes, at most `limit`.
+    def prefill_tokens(self, decode_tokens: int, limit: int, prompts: int = 1) -> int:
+        """Prefill tokens for a step with `decode_tokens` decodes, at most `limit`, while
+        `prompts` prompts wait for theirs.
 
         Never below `floor` (prompts always move), never above `limit` (the fixed budget); all
-        of `limit` when no decode runs (no cadence to keep) or nothing has been measured yet."""
+        of `limit` when no decode runs (no cadence to keep) or nothing has been measured yet.
+
+        NOTE: when decodes alone outrun the target, prefill gets a share of the decodes' time:
+        MIN_PREFILL_SHARE, times prompts / decodes while prompts outnumber decodes (a waiting
+        prompt's client has nothing yet; a decode's gets its next token a little later). With
+        the share fixed, a burst of 64 prompts went in 30-token chunks beside the first
+        decodes, and a wave's throughput fell to 0.73x."""
         if decode_tokens == 0:
             return limit
         slope = self.model.per_token
         decodes_s = self.model.predict(decode_tokens)
         if slope is None or decodes_s is None or slope <= 0:
             return limit
-        room = max(self.target_s - decodes_s, MIN_PREFILL_SHARE * decodes_s)
+        share = MIN_PREFILL_SHARE * max(1.0, prompts / decode_tokens)
+        room = max(self.target_s - decodes_s, share * decodes_s)
         # NOTE: a step's cost is not linear in its tokens: a small chunk rides on the decodes'
         # weight reads almost free, a large one pays full compute (CPU, float32: a fit read off
         # 20-40-token chunks priced 254 tokens at 190 ms; they took 500). So a step grows to at

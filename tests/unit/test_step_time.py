@@ -121,6 +121,19 @@ def test_a_step_grows_only_as_far_as_the_fit_has_been_seen_to_hold():
     assert budget.prefill_tokens(4, limit=512) == 2 * 44 - 4
 
 
+def test_prompts_outnumbering_the_decodes_get_a_larger_share():
+    """A burst of prompts beside a few decodes: prefill's share of the decodes' time grows by
+    prompts / decodes while prompts outnumber them, and falls back to the minimum after."""
+    budget = StepBudget(0.020, floor=4)
+    for _ in range(20):
+        budget.model.observe(4, 0.040)  # four decodes alone outrun the target
+        budget.model.observe(500, 0.536)  # 1 ms a token
+    half = budget.prefill_tokens(4, limit=512, prompts=1)
+    assert half == pytest.approx(MIN_PREFILL_SHARE * 40, abs=1)
+    assert budget.prefill_tokens(4, limit=512, prompts=4) == half
+    assert budget.prefill_tokens(4, limit=512, prompts=16) == pytest.approx(4 * half, abs=1)
+
+
 def test_optional_tokens_get_only_the_time_left_under_the_target():
     budget = measured_budget(_spare_is_the_fixed_budget)
     assert budget.spare_tokens(8, limit=100) == 32  # (50 - 18) ms at 1 ms a token
