@@ -206,7 +206,7 @@ class DecodeRows:
             return zeros(numel, dtype=self.dtype), zeros(numel, dtype=self.dtype)
         if not self._arenas:
             # every layout holds at most the paged cache's token slots (`_fit`)
-            whole = numel // (count * capacity) * cache.num_blocks * cache.block_size
+            whole = layers * kv_heads * head_dim * cache.num_blocks * cache.block_size
             self._arenas = [
                 (RowArena(cache.keys, whole, self.dtype), RowArena(cache.values, whole, self.dtype))
                 for _ in range(2)

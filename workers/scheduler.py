@@ -153,14 +153,16 @@ class Scheduler:
         # short of blocks preempts from the end of that order (the newest prompt, else the newest
         # decode), never one already given work this step.
         order = [s for s in self.running if s.num_uncomputed == 1]
-        order += [s for s in self.running if s.num_uncomputed > 1]
+        prefilling = [s for s in self.running if s.num_uncomputed > 1]
+        prompts = len(prefilling) + len(self.waiting)  # waiting for their first token
+        order += prefilling
         budget = self.max_num_batched_tokens
         prefill = None  # decided once the decodes are in
         i = 0
         while i < len(order) and budget > 0:
             seq = order[i]
             if prefill is None and seq.num_uncomputed > 1:
-                prefill = self._prefill_room(step.num_tokens, budget)
+                prefill = self._prefill_room(step.num_tokens, budget, prompts)
             new = min(seq.num_uncomputed, budget if prefill is None else prefill)
             if new == 0:
                 break
@@ -175,7 +177,7 @@ class Scheduler:
             i += 1
         if not step.preempted:
             if prefill is None:
-                prefill = self._prefill_room(step.num_tokens, budget)
+                prefill = self._prefill_room(step.num_tokens, budget, prompts)
             self._admit(step, min(budget, prefill))
         if self.step_budget is not None and step.work:
             self.step_budget.started()
@@ -194,10 +196,9 @@ class Scheduler:
         if self.step_budget is not None and step.work:
             self.step_budget.ended(step.num_tokens, step.decodes)
 
-    def _prefill_room(self, decode_tokens: int, budget: int) -> int:
+    def _prefill_room(self, decode_tokens: int, budget: int, prompts: int) -> int:
         if self.step_budget is None:
             return budget
-        prompts = len(self.waiting) + sum(1 for s in self.running if s.num_uncomputed > 1)
         return self.step_budget.prefill_tokens(decode_tokens, budget, prompts)
 
     def _make_room(
