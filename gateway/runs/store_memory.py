@@ -7,8 +7,9 @@ alive and cancels never need to travel.
 Memory is bounded by bytes, not only by counts and age: a run keeps at most `max_event_bytes`
 of events (older ones are dropped, so a resume from before them is a 410), and ended runs
 together hold at most `retention_bytes` (the oldest ended runs go first). A live run's events are
-a deque of tuples (cheap to append to); when it ends they are packed into a `CompactLog`, one
-compressed buffer, so thousands of retained runs cost few bytes and almost no objects.
+a deque of tuples (cheap to append to); once it has ended and its last follower has left, they
+are packed into a `CompactLog`, one compressed buffer, so thousands of retained runs cost few
+bytes and almost no objects.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ EVENT_OVERHEAD = 120  # bytes a live event costs beyond its payload (tuple, int,
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
-    events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended
+    events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended, unread
     # NOTE: one bare future per waiting follower, woken and dropped by the next change: an
     # append nobody waits for costs nothing, and a wake-up is one `set_result` (an Event made
     # and dropped per append cost an object, its deque and a future on every chunk).
@@ -113,9 +114,10 @@ class MemoryRunStore:
             return False
         if final is not None:
             self._append(entry, [final])
-        self._pack(entry)
         entry.record.status = terminal.status
         entry.record.terminal = terminal
+        if not entry.followers:
+            self._pack(entry)
         self._ended[run_id] = time.monotonic()
         self.ended_bytes += entry.size
         self._notify(entry)
@@ -131,10 +133,15 @@ class MemoryRunStore:
             self._notify(entry)
         return seq
 
-    @staticmethod
-    def _pack(entry: _Entry) -> None:
-        """The run has ended: its log takes nothing more, so keep it packed from now on."""
+    def _pack(self, entry: _Entry) -> None:
+        """The run has ended and nobody reads it now: its log takes nothing more, so keep it
+        packed from now on. NOTE: the run's own streams read its last events right after the
+        ending; packing waits for them, or each would unpack the log just packed."""
+        if not isinstance(entry.events, deque):
+            return
         packed = CompactLog.pack(entry.events)
+        if entry.record.run_id in self._ended:
+            self.ended_bytes += packed.size - entry.event_bytes
         entry.events = packed
         entry.event_bytes = packed.size
 
@@ -207,6 +214,8 @@ class MemoryRunStore:
     async def add_follower(self, run_id: str, delta: int) -> int:
         entry = self._entry(run_id)
         entry.followers = max(0, entry.followers + delta)
+        if not entry.followers and entry.record.status.is_terminal:
+            self._pack(entry)  # its last reader has left
         return entry.followers
 
     async def followers(self, run_id: str) -> int:

@@ -100,3 +100,24 @@ async def test_ended_runs_count_their_packed_bytes():
     assert 0 < store.ended_bytes < 1000  # the live log counted 10 x (1,000 + 120)
     store.discard("run-1")
     assert store.ended_bytes == 0
+
+
+async def test_a_followed_run_is_packed_when_its_last_follower_leaves_not_before():
+    """The run's own streams read its last events right after the ending: from the live log,
+    which is packed (and its bytes recounted) once the last of them has gone."""
+    store = MemoryRunStore()
+    chunks = [log_chunk(b"x" * 1000, "t", 0)] * 10
+    await store.create(RunRecord("run-1", tenant="t", model="m", created=0.0))
+    await store.add_follower("run-1", 2)
+    await store.append("run-1", chunks[:-1])
+    await store.finish("run-1", ENDING, chunks[-1])
+    live = 10 * (1000 + 120) + ENDING.size
+    assert store.ended_bytes == store.bytes_held() == live  # still the live log
+    tail = await store.read("run-1", 8)
+    await store.add_follower("run-1", -1)
+    assert store.ended_bytes == live  # one reader is left
+    await store.add_follower("run-1", -1)
+    assert 0 < store.ended_bytes == store.bytes_held() < 1000 + ENDING.size
+    assert await store.read("run-1", 8) == tail and [e[0] for e in tail] == [9, 10]
+    store.discard("run-1")
+    assert store.ended_bytes == 0
