@@ -186,6 +186,11 @@ def summarise(delay: float, concurrency: int, runs: list[dict]) -> dict:
                 row[f"{t}_over_floor_{q}_ms"] = over
         row[f"{t}_cpu"] = med(lambda r, t=t: r[t]["cpu"])
         row[f"{t}_rss_mb"] = med(lambda r, t=t: r[t]["rss_mb"])
+    if "gw-redis" in runs[0]:  # the Redis store against the in-process one, paired per repeat
+        row["redis_cpu_ratio"] = med(lambda r: r["gw-redis"]["cpu"] / r["gateway"]["cpu"])
+        row["redis_added_ttft_p50_ms"] = med(
+            lambda r: r["gw-redis"]["ttft_p50_ms"] - r["gateway"]["ttft_p50_ms"]
+        )
     row["upstream_cpu"] = med(lambda r: r["direct"]["upstream_cpu"])
     row["loadgen_cpu"] = med(lambda r: r["direct"]["loadgen_cpu"])
     row["failed"] = sum(r[t]["failed"] for r in runs for t in r)

@@ -17,6 +17,12 @@ TARGETS = {
     "gateway CPU-ms per 1k chunks, 64 streams x 20 ms": ((64, 20.0), "gateway_cpu", 45, "<="),
     "gateway RSS MB, 64 streams x 20 ms": ((64, 20.0), "gateway_rss_mb", 150, "<="),
     "gateway chunks/s, 64 streams x 0 ms": ((64, 0.0), "gateway_chunks_s", 20000, ">="),
+    "gw-redis CPU per chunk / gateway's, 64 streams x 20 ms": (
+        (64, 20.0), "redis_cpu_ratio", 1.3, "<="
+    ),
+    "gw-redis TTFT p50 over gateway's, 64 streams x 20 ms": (
+        (64, 20.0), "redis_added_ttft_p50_ms", 5, "<="
+    ),
 }  # fmt: skip
 
 
@@ -27,7 +33,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
         if cell in by_cell and key in by_cell[cell]:
             value = by_cell[cell][key]
             met = value <= limit if op == "<=" else value >= limit
-            floor = by_cell[cell].get(key.replace("gateway", FLOOR))
+            floor = by_cell[cell].get(key.replace("gateway", FLOOR)) if "gateway" in key else None
             out.append(
                 {"target": f"{name} {op} {limit:,}", "value": value, "met": met, "floor": floor}
             )
@@ -66,7 +72,8 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     for v in verdicts(rows):
         floor = "" if v["floor"] is None else f"  ({FLOOR}: {v['floor']:,.1f})"
         status = "met" if v["met"] else "NOT MET"
-        lines.append(f"{status:>7}  {v['target']}: {v['value']:,.1f}{floor}")
+        value = f"{v['value']:,.2f}" if abs(v["value"]) < 10 else f"{v['value']:,.1f}"
+        lines.append(f"{status:>7}  {v['target']}: {value}{floor}")
     return "\n".join(lines)
 
 
