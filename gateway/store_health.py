@@ -76,12 +76,14 @@ class StoreHealth:
         return self._clock() - self.recovered_at
 
 
-async def patiently(health: StoreHealth, grace: float, call: Callable[[], Awaitable[T]]) -> T:
-    """`call()`, tried again while the store is away, until it has been away for `grace`
+async def patiently(
+    health: StoreHealth, grace: float, call: Callable[..., Awaitable[T]], *args: Any
+) -> T:
+    """`call(*args)`, tried again while the store is away, until it has been away for `grace`
     seconds (then its StoreUnavailable is raised)."""
     while True:
         try:
-            return await call()
+            return await call(*args)
         except StoreUnavailable:
             health.failed()
             if health.unavailable_for() >= grace:

@@ -247,9 +247,10 @@ class RunManager:
                 return record.terminal
             await self._patiently(self._wait, run_id, record.last_seq, check_every)
 
-    async def _patiently(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """A store call that waits out an outage shorter than the grace."""
-        return await patiently(self.health, self.outage_grace, lambda: call(*args))
+    def _patiently(self, call: Callable[..., Awaitable[T]], *args: Any) -> Awaitable[T]:
+        """A store call that waits out an outage shorter than the grace. NOTE: it hands back
+        `patiently`'s coroutine itself: a follower makes two of these per chunk it relays."""
+        return patiently(self.health, self.outage_grace, call, *args)
 
     async def _wait(self, run_id: str, after: int, within: float | None) -> None:
         # NOTE: `within` bounds a wait so a run whose owner died is noticed; a run driven here
