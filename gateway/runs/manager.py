@@ -203,12 +203,22 @@ class RunManager:
     async def detach(self, run_id: str) -> None:
         if await self.store.add_follower(run_id, -1) > 0:
             return
-        if run_id in self._grace:
+        if run_id in self._grace or await self._has_ended(run_id):
             return
         loop = asyncio.get_running_loop()
         self._grace[run_id] = loop.call_later(
             self.disconnect_grace, lambda: self._spawn(self._grace_over(run_id))
         )
+
+    async def _has_ended(self, run_id: str) -> bool:
+        """Whether the run has ended, so its last follower leaving starts nothing. NOTE: that
+        is how every stream that read to the end leaves; a grace timer each would wake a task
+        per run, `disconnect_grace` later, to find the run ended. Unknown while the store is
+        away: the timer's check waits for it."""
+        try:
+            return (await self.store.get(run_id)).status.is_terminal
+        except StoreUnavailable:
+            return False
 
     def in_grace(self, run_id: str) -> bool:
         """Whether the run has no followers here and its disconnect grace window is running."""

@@ -96,6 +96,16 @@ async def test_a_follower_back_within_the_grace_window_keeps_the_run():
     assert adapter.aborted == {driver.run_id: False}
 
 
+async def test_the_last_follower_of_an_ended_run_leaves_without_a_grace_window():
+    manager = RunManager(MemoryRunStore(), disconnect_grace=0.05)
+    driver = await start(manager, ScriptedAdapter("m", text_script(PIECES[:3])))
+    await manager.attach(driver.run_id)
+    assert text(await collect(manager, driver.run_id)) == "".join(PIECES[:3])
+    await driver.task
+    await manager.detach(driver.run_id)  # how a stream that read to the end leaves
+    assert not manager.in_grace(driver.run_id)
+
+
 async def test_cancel_is_idempotent_and_a_no_op_once_ended():
     manager = RunManager(MemoryRunStore())
     driver = await start(manager, ScriptedAdapter("m", text_script(PIECES, delay=0.05)))
