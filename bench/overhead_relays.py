@@ -3,7 +3,8 @@
 
 - `passthrough`: bare aiohttp byte copy (`bench/passthrough.py`);
 - `parsing`: a minimal parsing relay on uvloop (`bench/parsing_relay.py`), the floor the
-  gateway's targets are read against;
+  gateway's targets are read against; `parse-asyncio`: the same on asyncio's loop, the
+  gateway's;
 - `gateway`: `sluice serve` on the in-process run store; `gw-redis`: the same on Redis;
 - with `--policies`, `--safety` or `--compare`, the gateways those add.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from bench_tenants import API_KEY, jwt_token, write_safety_tenants_file, write_tenants_file
 from overhead_procs import ROOT
 
-FLOORS = ("passthrough", "parsing")  # relays that keep nothing: no warm-up for them
+FLOORS = ("passthrough", "parsing", "parse-asyncio")  # relays that keep nothing: no warm-up
 POLICY_RELAYS = ("memory+key", "memory+jwt", "redis+key", "redis+jwt")
 SAFETY_RELAYS = ("window-off", "chars", "sentence")  # the same tenant, with its policy varied
 REDIS_URL = os.environ.get("SLUICE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -42,6 +43,7 @@ def relays(args: argparse.Namespace, upstream_url: str, logdir: Path, prefix: st
         via = ["--upstream", upstream_url]
         out["passthrough"] = Relay([str(ROOT / "bench" / "passthrough.py"), *via])
         out["parsing"] = Relay([str(ROOT / "bench" / "parsing_relay.py"), *via])
+        out["parse-asyncio"] = Relay([*out["parsing"].command, "--loop", "asyncio"])
     out["gateway"] = Relay([*serve, "--api-key", API_KEY])
     if "redis" in args.store:
         out["gw-redis"] = Relay([*serve, "--api-key", API_KEY, *redis])

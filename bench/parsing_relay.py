@@ -6,11 +6,15 @@ does the least a gateway must: it splits the upstream's SSE stream into events, 
 auth, no run log, no accounting: what is left between it and the gateway is the gateway's own.
 
     python bench/parsing_relay.py --port 8100 --upstream http://127.0.0.1:9001/v1
+
+`--loop asyncio` runs the same relay on asyncio's own loop, the gateway's: what of the gap
+between the floor and the gateway is the loop's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -70,6 +74,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="base URL, ending in /v1")
+    parser.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="the event loop"
+    )
     args = parser.parse_args()
     app = web.Application()
     app[UPSTREAM] = args.upstream.rstrip("/")
@@ -82,7 +89,7 @@ def main() -> None:
         port=args.port,
         print=None,
         access_log=None,
-        loop=uvloop.new_event_loop(),
+        loop=uvloop.new_event_loop() if args.loop == "uvloop" else asyncio.new_event_loop(),
     )
 
 
