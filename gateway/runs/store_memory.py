@@ -116,10 +116,10 @@ class MemoryRunStore:
             self._append(entry, [final])
         entry.record.status = terminal.status
         entry.record.terminal = terminal
-        if not entry.followers:
-            self._pack(entry)
         self._ended[run_id] = time.monotonic()
         self.ended_bytes += entry.size
+        if not entry.followers:
+            self._pack(entry)
         self._notify(entry)
         self._expire()
         return True
@@ -134,14 +134,14 @@ class MemoryRunStore:
         return seq
 
     def _pack(self, entry: _Entry) -> None:
-        """The run has ended and nobody reads it now: its log takes nothing more, so keep it
-        packed from now on. NOTE: the run's own streams read its last events right after the
-        ending; packing waits for them, or each would unpack the log just packed."""
+        """The run has ended (it counts among the ended runs' bytes) and nobody reads it now:
+        its log takes nothing more, so keep it packed from now on. NOTE: the run's own streams
+        read its last events right after the ending; packing waits for them, or each would
+        unpack the log just packed."""
         if not isinstance(entry.events, deque):
             return
         packed = CompactLog.pack(entry.events)
-        if entry.record.run_id in self._ended:
-            self.ended_bytes += packed.size - entry.event_bytes
+        self.ended_bytes += packed.size - entry.event_bytes
         entry.events = packed
         entry.event_bytes = packed.size
 
