@@ -23,7 +23,6 @@ def inject_faults(
     victim, other = cluster.worker_urls
     pids = {url: cluster.worker_pid(url) for url in cluster.worker_urls}
     _sleep_until(began + KILL_AT * args.duration)
-    poll(lambda: httpx.get(f"{victim}/v1/stats", timeout=5).json()["running"] > 0, 10, 0.05)
     running = kill_counted(victim, counted, lambda: cluster.kill_worker(victim))
     killed_at = time.monotonic()
     back = poll(lambda: _serving(cluster, victim, pids[victim]), 120, 0.2)

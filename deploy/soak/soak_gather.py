@@ -131,15 +131,23 @@ def generated(urls: list[str]) -> dict[str, float]:
     return {url: metric(url, GENERATED) for url in urls}
 
 
-def kill_counted(url: str, tokens: WorkerTokens, kill: Callable[[], None]) -> int:
-    """Kill the worker at `url` with its counter read just before: twice, half a second apart,
-    the second right before `kill()`. The allowance is its token rate times the time from that
-    read to the kill, plus one step of every sequence it ran (made, maybe not delivered).
-    Returns how many sequences it was running."""
-    first, first_at = metric(url, GENERATED), time.monotonic()
-    time.sleep(0.5)  # NOTE: the interval the victim's token rate is measured over
-    running = httpx.get(f"{url}/v1/stats", timeout=5).json()["running"]
-    read_at = time.monotonic()
+def kill_counted(
+    url: str, tokens: WorkerTokens, kill: Callable[[], None], within: float = 10.0
+) -> int:
+    """Kill the worker at `url` while it runs sequences, with its counter read just before:
+    twice, half a second apart, the second right before `kill()`. Sequences can all end in
+    that half second, so the pair is read again until the second read finds one running (or
+    `within` s pass). The allowance is its token rate times the time from that read to the
+    kill, plus one step of every sequence it ran (made, maybe not delivered). Returns how many
+    sequences it was running."""
+    deadline = time.monotonic() + within
+    while True:
+        first, first_at = metric(url, GENERATED), time.monotonic()
+        time.sleep(0.5)  # NOTE: the interval the victim's token rate is measured over
+        running = httpx.get(f"{url}/v1/stats", timeout=5).json()["running"]
+        read_at = time.monotonic()
+        if running > 0 or read_at >= deadline:
+            break
     tokens.at_kill = metric(url, GENERATED)
     kill()
     window = time.monotonic() - read_at
