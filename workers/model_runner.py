@@ -16,6 +16,7 @@ from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows
 from workers.fused_layers import fuse_projections
 from workers.kv_cache import KVCache
+from workers.packed_linear import pack_linears, should_pack
 from workers.request import SequenceState
 
 # Chunks of up to this many tokens (draft verifications, prompt tails) are attended together
@@ -60,7 +61,7 @@ def span_group(
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: KVCache) -> None:
+    def __init__(self, model: Any, cache: KVCache, max_num_seqs: int = 1) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
@@ -72,6 +73,8 @@ class ModelRunner:
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         )
         fuse_projections(model)
+        if should_pack(self.device, self.dtype, max_num_seqs):
+            pack_linears(model)
         model.set_attn_implementation(ATTENTION_NAME)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:

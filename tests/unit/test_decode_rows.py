@@ -11,6 +11,7 @@ import torch
 from tests.support.worker_lines import wire
 from workers.decode_rows import DecodeRows, RowArena
 from workers.engine import Engine
+from workers.kv_cache import CacheShape, KVCache
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
 
@@ -149,3 +150,19 @@ def test_sequences_verifying_drafts_keep_their_rows(tiny) -> None:
         model, tokenizer, max_num_seqs=4, num_kv_blocks=64, block_size=8, speculative="off"
     )
     assert stream(plain, all_ids, [40] * 4) == texts
+
+
+def test_rows_on_cpu_are_float32_only_where_bfloat16_is_emulated(monkeypatch) -> None:
+    """bfloat16 batched matmuls were 3-5x slower than float32 on a CPU without native bf16, and
+    1.25-1.65x faster with it; float32 caches keep float32 rows either way."""
+
+    def rows(dtype: torch.dtype) -> torch.dtype:
+        cache = KVCache(CacheShape(2, 2, 8, dtype), 4, 4, torch.device("cpu"))
+        return DecodeRows(cache).dtype
+
+    monkeypatch.setattr("workers.decode_rows.cpu_has_native_bf16", lambda: False)
+    assert rows(torch.bfloat16) == torch.float32
+    assert rows(torch.float32) == torch.float32
+    monkeypatch.setattr("workers.decode_rows.cpu_has_native_bf16", lambda: True)
+    assert rows(torch.bfloat16) == torch.bfloat16
+    assert rows(torch.float32) == torch.float32

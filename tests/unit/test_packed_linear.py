@@ -1,0 +1,128 @@
+"""Linear layers packed for oneDNN compute what the loaded model computes: same logits (within
+rounding), the same greedy tokens through `generate` and through the engine; packing happens
+only where it was measured to pay (CPU; bfloat16 with native support; float32 when batching),
+and a tied output projection leaves the embedding it shares untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.support.worker_lines import wire
+from workers import packed_linear
+from workers.engine import Engine
+from workers.fused_layers import fuse_projections
+from workers.model_loader import cpu_has_native_bf16, load_model
+from workers.packed_linear import PackedLinear, pack_linears, should_pack
+from workers.request import EngineRequest
+from workers.sampling_params import SamplingParams
+
+PROMPTS = ["你好世界今天", "def add(a: int, b: int)", "Ça va très bien, merci ! Où", "🚀 🌍"]
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def pair(request, tiny_model_dir):
+    """(fused, fused and packed, tokenizer): two copies of the tiny model in one dtype."""
+    if request.param == "bfloat16" and not cpu_has_native_bf16():
+        pytest.skip("oneDNN's bfloat16 kernels need a CPU with native bfloat16")
+    model, tokenizer = load_model(tiny_model_dir, "cpu", request.param)
+    fuse_projections(model)
+    packed = copy.deepcopy(model)
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_linears(packed) == linears == 4 * model.config.num_hidden_layers + 1
+    return model, packed, tokenizer
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def greedy(model: nn.Module, ids: list[int], new: int = 24) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=new, min_new_tokens=new
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_packing_replaces_every_linear_once_and_keeps_no_dense_copy(pair) -> None:
+    _, packed, _ = pair
+    assert not any(type(m) is nn.Linear for m in packed.modules())
+    assert isinstance(packed.lm_head, PackedLinear)
+    assert all(p.dim() != 2 or p is packed.model.embed_tokens.weight for p in packed.parameters())
+    assert pack_linears(packed) == 0, "packing twice is a no-op"
+
+
+def test_packed_logits_match_the_loaded_model(pair) -> None:
+    model, packed, tokenizer = pair
+    ids = torch.tensor([encode(tokenizer, PROMPTS[0] + PROMPTS[1])])
+    with torch.inference_mode():
+        expected, got = model(ids).logits.float(), packed(ids).logits.float()
+    tolerance = 1e-5 if model.dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * 10)
+
+
+def test_packed_generate_matches_the_loaded_model(pair) -> None:
+    model, packed, tokenizer = pair
+    for text in PROMPTS:
+        ids = encode(tokenizer, text)
+        assert greedy(packed, ids) == greedy(model, ids), text
+
+
+def engine_texts(model: nn.Module, tokenizer) -> dict[str, str]:
+    """What the engine streams for PROMPTS, greedy, 24 tokens each, all in one batch."""
+    engine = Engine(model, tokenizer, max_num_seqs=4, num_kv_blocks=32, block_size=8)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    for i, text in enumerate(PROMPTS):
+        engine.add_request(EngineRequest(f"r{i}", encode(tokenizer, text), params))
+    texts = {f"r{i}": "" for i in range(len(PROMPTS))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            texts[out.request_id] += "".join(
+                e["text"] for e in wire(out.events) if e["type"] == "text"
+            )
+    return texts
+
+
+def test_the_batching_engine_packs_and_streams_what_it_streams_unpacked(pair, monkeypatch) -> None:
+    model, _, tokenizer = pair
+    packed_model = copy.deepcopy(model)
+    packed = engine_texts(packed_model, tokenizer)
+    assert isinstance(packed_model.lm_head, PackedLinear)
+    monkeypatch.setattr("workers.model_runner.should_pack", lambda *args: False)
+    plain_model = copy.deepcopy(model)
+    assert engine_texts(plain_model, tokenizer) == packed
+    assert type(plain_model.lm_head) is nn.Linear
+    assert all(len(text) > 0 for text in packed.values())
+
+
+def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
+    embedding = nn.Embedding(32, 8)
+    head = nn.Linear(8, 32, bias=False)
+    head.weight = embedding.weight
+    model = nn.ModuleDict({"embed": embedding, "head": head}).requires_grad_(False)
+    before = embedding.weight.clone()
+    hidden = torch.randn(3, 8)
+    expected = head(hidden)
+    assert pack_linears(model) == 1
+    assert model["embed"].weight is embedding.weight
+    torch.testing.assert_close(model["embed"].weight, before, rtol=0, atol=0)
+    torch.testing.assert_close(model["head"](hidden), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
+    assert not should_pack(CUDA, torch.bfloat16, 64), "CUDA takes its weights as they are"
+    assert not should_pack(CUDA, torch.float32, 64)
+    assert not should_pack(CPU, torch.float16, 64)
+    assert should_pack(CPU, torch.float32, 2)
+    assert not should_pack(CPU, torch.float32, 1), "a single row: the BLAS's own path wins"
+    monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: True)
+    assert should_pack(CPU, torch.bfloat16, 1)
+    monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: False)
+    assert not should_pack(CPU, torch.bfloat16, 64), "emulated bfloat16 is not packed"
+    monkeypatch.setattr(packed_linear, "_kernels_available", lambda: False)
+    assert not should_pack(CPU, torch.float32, 64), "a torch without oneDNN runs as loaded"
