@@ -15,6 +15,7 @@ import torch
 from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows
 from workers.fused_layers import fuse_projections
+from workers.heap import trim_heap
 from workers.kv_cache import KVCache
 from workers.packed_linear import pack_linears, should_pack
 from workers.request import SequenceState
@@ -75,6 +76,7 @@ class ModelRunner:
         fuse_projections(model)
         if should_pack(self.device, self.dtype, max_num_seqs):
             pack_linears(model)
+        trim_heap()  # the weights fusing and packing replaced
         model.set_attn_implementation(ATTENTION_NAME)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
