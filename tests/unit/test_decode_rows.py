@@ -8,12 +8,10 @@ import random
 
 import torch
 
-from tests.support.worker_lines import wire
+from tests.support.model_equivalence import stream_texts as stream
 from workers.decode_rows import DecodeRows, RowArena
 from workers.engine import Engine
 from workers.kv_cache import CacheShape, KVCache
-from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 WORDS = ["world", "café", "def f(x):", "naïve", "über", "ok", "straße", "🚀"]
 
@@ -25,20 +23,6 @@ def prompts(tokenizer, lengths: list[int], seed: int = 0) -> list[list[int]]:
         text = " ".join(rng.choice(WORDS) for _ in range(words))
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
-
-
-def stream(engine: Engine, all_ids: list[list[int]], max_tokens: list[int]) -> dict[str, str]:
-    """Submit every prompt at once (greedy) and return each request's streamed text."""
-    for i, (ids, new) in enumerate(zip(all_ids, max_tokens, strict=True)):
-        params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-        engine.add_request(EngineRequest(f"r{i}", ids, params))
-    texts = {f"r{i}": "" for i in range(len(all_ids))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            texts[out.request_id] += "".join(
-                e["text"] for e in wire(out.events) if e["type"] == "text"
-            )
-    return texts
 
 
 def gathering(monkeypatch) -> None:

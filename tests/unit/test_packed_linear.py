@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch import nn
 
-from tests.support.worker_lines import wire
+from tests.support.model_equivalence import (
+    assert_same_greedy,
+    assert_same_logits,
+    texts_with_and_without,
+)
 from workers import packed_linear
-from workers.engine import Engine
 from workers.fused_layers import fuse_projections
 from workers.model_loader import cpu_has_native_bf16, load_model
 from workers.packed_linear import PackedLinear, pack_linears, should_pack
-from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
-PROMPTS = ["你好世界今天", "def add(a: int, b: int)", "Ça va très bien, merci ! Où", "🚀 🌍"]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
@@ -37,18 +37,6 @@ def pair(request, tiny_model_dir):
     return model, packed, tokenizer
 
 
-def encode(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def greedy(model: nn.Module, ids: list[int], new: int = 24) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([ids]), do_sample=False, max_new_tokens=new, min_new_tokens=new
-        )
-    return out[0, len(ids) :].tolist()
-
-
 def test_packing_replaces_every_linear_once_and_keeps_no_dense_copy(pair) -> None:
     _, packed, _ = pair
     assert not any(type(m) is nn.Linear for m in packed.modules())
@@ -57,47 +45,20 @@ def test_packing_replaces_every_linear_once_and_keeps_no_dense_copy(pair) -> Non
     assert pack_linears(packed) == 0, "packing twice is a no-op"
 
 
-def test_packed_logits_match_the_loaded_model(pair) -> None:
+def test_packed_model_computes_what_the_loaded_model_computes(pair) -> None:
     model, packed, tokenizer = pair
-    ids = torch.tensor([encode(tokenizer, PROMPTS[0] + PROMPTS[1])])
-    with torch.inference_mode():
-        expected, got = model(ids).logits.float(), packed(ids).logits.float()
-    tolerance = 1e-5 if model.dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * 10)
-
-
-def test_packed_generate_matches_the_loaded_model(pair) -> None:
-    model, packed, tokenizer = pair
-    for text in PROMPTS:
-        ids = encode(tokenizer, text)
-        assert greedy(packed, ids) == greedy(model, ids), text
-
-
-def engine_texts(model: nn.Module, tokenizer) -> dict[str, str]:
-    """What the engine streams for PROMPTS, greedy, 24 tokens each, all in one batch."""
-    engine = Engine(model, tokenizer, max_num_seqs=4, num_kv_blocks=32, block_size=8)
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for i, text in enumerate(PROMPTS):
-        engine.add_request(EngineRequest(f"r{i}", encode(tokenizer, text), params))
-    texts = {f"r{i}": "" for i in range(len(PROMPTS))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            texts[out.request_id] += "".join(
-                e["text"] for e in wire(out.events) if e["type"] == "text"
-            )
-    return texts
+    assert_same_logits(model, packed, tokenizer)
+    assert_same_greedy(model, packed, tokenizer)
 
 
 def test_the_batching_engine_packs_and_streams_what_it_streams_unpacked(pair, monkeypatch) -> None:
     model, _, tokenizer = pair
-    packed_model = copy.deepcopy(model)
-    packed = engine_texts(packed_model, tokenizer)
+    (packed, packed_model), (plain, plain_model) = texts_with_and_without(
+        model, tokenizer, monkeypatch, "should_pack", lambda *args: False
+    )
+    assert plain == packed
     assert isinstance(packed_model.lm_head, PackedLinear)
-    monkeypatch.setattr("workers.model_runner.should_pack", lambda *args: False)
-    plain_model = copy.deepcopy(model)
-    assert engine_texts(plain_model, tokenizer) == packed
     assert type(plain_model.lm_head) is nn.Linear
-    assert all(len(text) > 0 for text in packed.values())
 
 
 def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
