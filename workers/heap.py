@@ -2,8 +2,8 @@
 
 Why: fusing and packing replace every projection's weight once, at start, and the old tensors go
 back to glibc's malloc, which keeps the pages for reuse that never comes. Measured on the
-default model in bfloat16: 691 MiB resident when loaded, 1,078 MiB after fusing and packing,
-735 MiB once trimmed (the 44 MiB left is the output projection's packed copy).
+default model in bfloat16: 691 MiB resident when loaded, 1,069 MiB after fusing and packing,
+728 MiB once trimmed (most of the 37 MiB left is the output projection's packed copy).
 """
 
 from __future__ import annotations
