@@ -87,6 +87,12 @@ def seeded(seed: int | None, index: int, device: torch.device) -> torch.Generato
     return generator
 
 
+def _plain_greedy(row: SamplerRow) -> bool:
+    """Greedy with nothing to apply first (no penalties, grammar or logprobs)."""
+    p = row.params
+    return p.greedy and not p.has_penalties and not p.logprobs and row.grammar is None
+
+
 class Sampler:
     """Stateless apart from the token table used to name tokens in logprobs and the grammar
     masks' buffers."""
@@ -108,6 +114,11 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplerRow]) -> SampleResult:
         """`logits` is [len(rows), vocab]; returns one token per row."""
+        if all(_plain_greedy(row) for row in rows):
+            # NOTE: the whole batch takes the plain argmax: no float32 copy to process, and
+            # `max` (same first-index rule on ties as `argmax`, documented) is 2-3x faster on
+            # CPU; the copy and `argmax` were a tenth of a 64-sequence bf16 decode step.
+            return SampleResult(logits.max(dim=-1).indices.tolist(), [None] * len(rows))
         logits = logits.to(torch.float32, copy=True)
         self._apply_grammars(logits, rows)
         params = [row.params for row in rows]

@@ -51,6 +51,35 @@ def test_greedy_is_argmax(sampler: Sampler) -> None:
     assert sampler.sample(logits, rows).token_ids == logits.argmax(dim=-1).tolist()
 
 
+def test_greedy_takes_the_first_of_tied_maxima_in_any_dtype_as_argmax_does(sampler) -> None:
+    """The all-greedy batch skips the float32 copy; bfloat16 logits tie often (8-bit mantissa),
+    and `generate` takes the first of the tied tokens."""
+    ties = torch.tensor(
+        [[1.0, 3.0, 0.5, 3.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 2.0, 3.0, 3.0]]
+    )
+    wide = torch.zeros(3, VOCAB)
+    wide[:, 10:15] = ties
+    rows = [Row(SamplingParams(temperature=0.0)) for _ in range(3)]
+    for dtype in (torch.float32, torch.bfloat16):
+        assert sampler.sample(wide.to(dtype), rows).token_ids == [11, 10, 13]
+    noisy = logits_for(8).to(torch.bfloat16)
+    rows = [Row(SamplingParams(temperature=0.0)) for _ in range(8)]
+    assert sampler.sample(noisy, rows).token_ids == noisy.float().argmax(dim=-1).tolist()
+
+
+def test_a_greedy_row_beside_a_penalised_one_is_still_the_argmax(sampler: Sampler) -> None:
+    logits = logits_for(2)
+    logits[1, 7] = logits[1].max() + 1.0  # first by 1.0, and the penalty takes 2
+    plain = Row(SamplingParams(temperature=0.0))
+    penalised = Row(SamplingParams(temperature=0.0, presence_penalty=2.0))
+    penalised.output_ids = [7]
+    tokens = sampler.sample(logits, [plain, penalised]).token_ids
+    assert tokens[0] == int(logits[0].argmax())
+    expected = logits[1].clone()
+    expected[7] -= 2.0
+    assert tokens[1] == int(expected.argmax()) != 7, "the penalty moved the second row off 7"
+
+
 def test_same_seed_same_tokens_different_seed_different_tokens(sampler: Sampler) -> None:
     logits = logits_for(1)
     first = draw(sampler, logits, [seeded(7)], 30)[0]
