@@ -92,7 +92,7 @@ class Engine:
         blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
         budget = None if not step_time_target_s else StepBudget(step_time_target_s, block_size)
         self.scheduler = Scheduler(blocks, max_num_seqs, max_num_batched_tokens, budget)
-        self.runner = ModelRunner(model, self.cache, max_num_seqs)
+        self.runner = ModelRunner(model, self.cache)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
         self.speculator = Speculator(speculative, spec_tokens)

@@ -62,7 +62,7 @@ def span_group(
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: KVCache, max_num_seqs: int = 1) -> None:
+    def __init__(self, model: Any, cache: KVCache) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
@@ -74,7 +74,7 @@ class ModelRunner:
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         )
         fuse_projections(model)
-        if should_pack(self.device, self.dtype, max_num_seqs):
+        if should_pack(self.device, self.dtype):
             pack_linears(model)
         trim_heap()  # the weights fusing and packing replaced
         model.set_attn_implementation(ATTENTION_NAME)

@@ -1,17 +1,17 @@
-"""Linear layers whose weights oneDNN has laid out once, for its own GEMM kernels (CPU only).
+"""Linear layers whose weights oneDNN has laid out once, for its own GEMM kernels (CPU, bfloat16).
 
 Why: a plain `F.linear` on CPU hands the row-major weight to the BLAS on every call, and at
 decode batch sizes the small-M GEMM spends much of its time on that layout. oneDNN can reorder
 the weight once into its blocked form and then run every call on it. Measured on a 2-core AMX
 host at the default model's shapes (q/k/v, o, gate/up, down, lm_head), per step:
 
-  - bfloat16: 1.5x faster at 1 and 32 rows, 1.7x at 64 (AMX tiles): every batch size gains;
-  - float32: 1.4-1.6x faster at 4-8 rows, 1.2-1.3x at 32-64, but 0.7x at a single row, where
-    the BLAS's own matrix-vector path wins.
+  - bfloat16: 1.5x faster at 1 and 32 rows, 1.7x at 64 (AMX tiles), 1.6x at 128;
+  - float32: 1.2-1.3x at 32-64 rows on the GEMMs alone, but a lone sequence's decode step took
+    1.15-1.23x longer (the BLAS's own matrix-vector path wins at one row), and the engine bench
+    read 1.02-1.05x at c=32/64, within its noise.
 
-So bfloat16 is packed wherever the CPU computes it natively, and float32 is packed only when
-the engine batches: with a `max_num_seqs` of 1 most steps are a single row (a speculative
-step verifies a few). CUDA is never packed (its GEMMs take the weight as it is).
+So only bfloat16 is packed, and only where the CPU computes it natively (AVX512-BF16, AMX); CUDA
+never (its GEMMs take the weight as it is).
 
 The packed weight replaces the layer's own; a tied output projection (lm_head sharing the
 embedding's matrix) gets its own packed copy, the embedding keeps the original.
@@ -52,13 +52,11 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
 
 
-def should_pack(device: torch.device, dtype: torch.dtype, max_num_seqs: int) -> bool:
-    """Whether packing pays for this engine (the measurements in the module's docstring)."""
-    if device.type != "cpu" or not _kernels_available():
+def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether packing pays for this model (the measurements in the module's docstring)."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or not _kernels_available():
         return False
-    if dtype == torch.bfloat16:
-        return cpu_has_native_bf16()
-    return dtype == torch.float32 and max_num_seqs > 1
+    return cpu_has_native_bf16()
 
 
 def pack_linears(model: nn.Module) -> int:

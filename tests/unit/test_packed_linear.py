@@ -1,7 +1,7 @@
 """Linear layers packed for oneDNN compute what the loaded model computes: same logits (within
-rounding), the same greedy tokens through `generate` and through the engine; packing happens
-only where it was measured to pay (CPU; bfloat16 with native support; float32 when batching),
-and a tied output projection leaves the embedding it shares untouched."""
+rounding), the same greedy tokens through `generate` and through the engine; the engine packs
+only where it was measured to pay (CPU, bfloat16 with native support), and a tied output
+projection leaves the embedding it shares untouched."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from torch import nn
 from tests.support.model_equivalence import (
     assert_same_greedy,
     assert_same_logits,
+    engine_texts,
     texts_with_and_without,
 )
 from workers import packed_linear
@@ -51,14 +52,25 @@ def test_packed_model_computes_what_the_loaded_model_computes(pair) -> None:
     assert_same_greedy(model, packed, tokenizer)
 
 
-def test_the_batching_engine_packs_and_streams_what_it_streams_unpacked(pair, monkeypatch) -> None:
-    model, _, tokenizer = pair
+def test_the_engine_packs_native_bfloat16_and_streams_what_it_streams_unpacked(
+    tiny_model_dir, monkeypatch
+) -> None:
+    if not cpu_has_native_bf16():
+        pytest.skip("oneDNN's bfloat16 kernels need a CPU with native bfloat16")
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "bfloat16")
     (packed, packed_model), (plain, plain_model) = texts_with_and_without(
         model, tokenizer, monkeypatch, "should_pack", lambda *args: False
     )
     assert plain == packed
     assert isinstance(packed_model.lm_head, PackedLinear)
     assert type(plain_model.lm_head) is nn.Linear
+
+
+def test_the_engine_leaves_float32_on_the_blas(tiny_model_dir) -> None:
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
+    assert all(len(text) > 0 for text in engine_texts(model, tokenizer).values())
+    assert type(model.lm_head) is nn.Linear
+    assert type(model.model.layers[0].mlp.gate_up_proj) is nn.Linear
 
 
 def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
@@ -76,14 +88,13 @@ def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
 
 
 def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
-    assert not should_pack(CUDA, torch.bfloat16, 64), "CUDA takes its weights as they are"
-    assert not should_pack(CUDA, torch.float32, 64)
-    assert not should_pack(CPU, torch.float16, 64)
-    assert should_pack(CPU, torch.float32, 2)
-    assert not should_pack(CPU, torch.float32, 1), "a single row: the BLAS's own path wins"
     monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: True)
-    assert should_pack(CPU, torch.bfloat16, 1)
-    monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: False)
-    assert not should_pack(CPU, torch.bfloat16, 64), "emulated bfloat16 is not packed"
+    assert should_pack(CPU, torch.bfloat16)
+    assert not should_pack(CUDA, torch.bfloat16), "CUDA takes its weights as they are"
+    assert not should_pack(CPU, torch.float32), "a lone sequence's step ran slower packed"
+    assert not should_pack(CPU, torch.float16)
     monkeypatch.setattr(packed_linear, "_kernels_available", lambda: False)
-    assert not should_pack(CPU, torch.float32, 64), "a torch without oneDNN runs as loaded"
+    assert not should_pack(CPU, torch.bfloat16), "a torch without oneDNN runs as loaded"
+    monkeypatch.setattr(packed_linear, "_kernels_available", lambda: True)
+    monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: False)
+    assert not should_pack(CPU, torch.bfloat16), "emulated bfloat16 is not packed"
