@@ -131,7 +131,10 @@ def fuse_projections(model: nn.Module) -> int:
         for name, child in parent.named_children()
         if type(child) in _FUSED
     ]
-    # one module at a time, so the concatenated copy never doubles the whole model's weights
-    for parent, name, child in found:
+    count = len(found)
+    # NOTE: popped one module at a time, so its replaced weights are freed before the next is
+    # fused: the concatenated copies never hold the whole model twice.
+    while found:
+        parent, name, child = found.pop()
         setattr(parent, name, _FUSED[type(child)](child))
-    return len(found)
+    return count

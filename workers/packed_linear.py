@@ -67,7 +67,10 @@ def pack_linears(model: nn.Module) -> int:
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
-    # one layer at a time, so the reordered copy never doubles the whole model's weights
-    for parent, name, child in found:
+    count = len(found)
+    # NOTE: popped one layer at a time, so a replaced weight is freed before the next layer is
+    # packed and its memory can take the next copy: never the whole model twice.
+    while found:
+        parent, name, child = found.pop()
         setattr(parent, name, PackedLinear(child))
-    return len(found)
+    return count
