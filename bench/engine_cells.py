@@ -113,6 +113,8 @@ def run_cell(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
+    # a tied embedding is one parameter, used once as a matmul (the output head)
+    gflop_per_token = 2 * sum(p.numel() for p in model.parameters()) / 1e9
     if row in ("a", "b"):  # NOTE: like ignore_eos: EOS is generated as a token, nothing stops
         model.generation_config.eos_token_id = None
     for c in args.concurrency:
@@ -137,23 +139,29 @@ def run_cell(args: argparse.Namespace) -> None:
         result = summarize(traces, wall, args.max_new_tokens)
         result.update(row=row, concurrency=c, dtype=args.dtype, wall_s=wall, settings=settings)
         result["rss_mib"] = peak_rss_mib()
+        result["gflop_per_token"] = gflop_per_token
         result["prompt_tokens"] = [min(map(len, prompts)), max(map(len, prompts))]
         result["threads"] = torch.get_num_threads()
         print(CELL_MARK + json.dumps(result, default=str), flush=True)
 
 
-def matmul_gflops(dtype_name: str, size: int = 1024, repeats: int = 10) -> float:
-    """Best of `repeats` timings of a size^3 matmul (3 back to back) in this process's threads."""
+def matmul_gflops(dtype_name: str, device: str = "cpu", repeats: int = 10) -> float:
+    """Best of `repeats` timings of a square matmul (3 back to back) on `device`: 1024 wide on
+    a CPU (this process's threads), 8192 on a GPU, where a smaller one is launch-bound."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    dtype, size = getattr(torch, dtype_name), 8192 if device == "cuda" else 1024
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     torch.matmul(a, b)
+    sync()
     best = math.inf
     for _ in range(repeats):
         started = time.perf_counter()
         for _ in range(3):
             torch.matmul(a, b)
+        sync()
         best = min(best, (time.perf_counter() - started) / 3)
     return 2 * size**3 / best / 1e9
 

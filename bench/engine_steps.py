@@ -181,6 +181,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-time-target", type=float, default=None, help="0: row d-fixed")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--model", default=None, help="a local HF folder (default: SmolLM2-135M)")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, help="write every step here")
     p.add_argument("--cold", action="store_true", help="a two-prompt warm-up, not a burst of c")
     args = p.parse_args()
@@ -193,7 +195,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model, tokenizer = load_model(resolve_model_path(None), "cpu", args.dtype)
+    model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
     warm, warm_tokens = warmup_size(args.concurrency, poisson=not args.cold)
     prompts = mixed_prompts(tokenizer, args.requests + warm)
     prompts, warmup = prompts[: args.requests], prompts[args.requests :]

@@ -1,7 +1,8 @@
 """The engine benchmark's tables: one line per row and concurrency, the ratios between rows,
 and what each engine row generated, sent and committed (goodput).
 
-  %peak      GFLOP_PER_TOKEN x tok/s / best 1024^3 torch.matmul GFLOP/s in that dtype
+  %peak      GFLOP per token (2 x the model's parameters) x tok/s / the best square torch.matmul
+             GFLOP/s in that dtype on the device (1024 wide on a CPU, 8192 on a GPU)
   RSS MiB    peak RSS (VmHWM, reset before each concurrency) of the row's process, model included
   ITL p99/p50  how much the slowest gaps exceed the typical one (prefill stalling decodes)
 """
@@ -14,7 +15,7 @@ from typing import Any
 from engine_cells import CellRun
 from engine_rows import ENGINE_ROWS
 
-GFLOP_PER_TOKEN = 0.27  # ~2 x 135M parameters, SmolLM2-135M
+GFLOP_PER_TOKEN = 0.27  # ~2 x 135M parameters, SmolLM2-135M: for cells that do not say theirs
 ROWS = {
     "a": "generate, one at a time",
     "b": "generate, static batch",
@@ -35,7 +36,7 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
 
 
 def _line(label: str, res: dict[str, Any], gflops: float) -> str:
-    peak = GFLOP_PER_TOKEN * res["tok_s"] / gflops * 100
+    peak = res.get("gflop_per_token", GFLOP_PER_TOKEN) * res["tok_s"] / gflops * 100
     check = f"{res['counts']} ok" if res["counts_ok"] else f"MISMATCH {res['counts']}"
     if res["errors"]:
         check += f" errors {res['errors']}"

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    gflops = {dtype: matmul_gflops(dtype) for dtype in args.dtype}
+    gflops = {dtype: matmul_gflops(dtype, args.device) for dtype in args.dtype}
     print(
         f"engine_throughput: torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{os.cpu_count()} CPUs, device {args.device}; rows {','.join(args.rows)}; "

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from workers.host_copy import to_device
 from workers.kv_cache import KVCache
 from workers.model_loader import cpu_has_native_bf16
 from workers.request import SequenceState
@@ -223,7 +224,7 @@ class DecodeRows:
         cache = self.cache
         bs, done = cache.block_size, seq.num_computed_tokens
         first = start // bs
-        blocks = torch.tensor(seq.block_table[first : -(-done // bs)], device=cache.keys.device)
+        blocks = to_device(seq.block_table[first : -(-done // bs)], cache.keys.device)
         for source, rows in ((cache.keys, self.keys), (cache.values, self.values)):
             layers, kv_heads, _, head_dim = source.shape
             by_block = source.view(layers, kv_heads, -1, bs * head_dim)

@@ -25,6 +25,7 @@ from workers.continuation import replay
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.engine_requests import LiveRequests, Outputs, output_of
+from workers.host_copy import to_device
 from workers.kv_cache import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheShape,
@@ -322,7 +323,7 @@ class Engine:
         if not rows:
             return
         if row_index != list(range(offset)):
-            logits = logits[torch.tensor(row_index, device=logits.device)]
+            logits = logits[to_device(row_index, logits.device)]
         try:
             result = self.sampler.sample(logits, rows)
         except Exception as e:  # a bad row must not sink the batch: fail the requests in it

@@ -16,6 +16,7 @@ import llguidance
 import torch
 
 from workers.grammar import Matcher
+from workers.host_copy import to_device
 
 _WORD = 32
 
@@ -65,5 +66,5 @@ class GrammarMasks:
         if len(rows) == logits.shape[0]:
             logits += bias
             return
-        index = torch.tensor(rows, device=logits.device)
+        index = to_device(rows, logits.device)
         logits[index] += bias

@@ -16,6 +16,7 @@ from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows
 from workers.fused_layers import fuse_projections
 from workers.heap import trim_heap
+from workers.host_copy import to_device
 from workers.kv_cache import KVCache
 from workers.packed_linear import pack_linears, should_pack
 from workers.request import SequenceState
@@ -44,8 +45,7 @@ def span_group(
         # query j sees positions up to done + j; a pad query sees the span's first position's
         done = seq.num_computed_tokens
         last += [*range(done, done + new), *[done] * (length - new)]
-    to = {"dtype": torch.long, "device": device}
-    visible = torch.arange(width * bs, device=device) <= torch.tensor(last, **to).view(
+    visible = torch.arange(width * bs, device=device) <= to_device(last, device).view(
         count, length, 1, 1
     )
     bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
@@ -53,10 +53,10 @@ def span_group(
     return SpanGroup(
         count,
         length,
-        tokens=torch.tensor(tokens, **to),
-        keep=torch.tensor(keep, **to),
-        rows=torch.tensor(rows, **to),
-        blocks=torch.tensor(blocks, **to),
+        tokens=to_device(tokens, device),
+        keep=to_device(keep, device),
+        rows=to_device(rows, device),
+        blocks=to_device(blocks, device),
         bias=bias.reshape(count, length * group, width * bs),
     )
 
@@ -102,15 +102,15 @@ class ModelRunner:
         lengths = [1] * len(self.rows.seqs)  # a row not decoding now: any finite row will do
         for seq, row in zip(decodes, rows, strict=True):
             lengths[row] = seq.num_computed_tokens + 1
-        index = torch.tensor(rows, device=self.device)
-        positions = torch.tensor([s.num_computed_tokens for s in decodes], device=self.device)
+        index = to_device(rows, self.device)
+        positions = to_device([s.num_computed_tokens for s in decodes], self.device)
         heads = torch.arange(kv_heads, device=self.device)
         writes = (index.unsqueeze(1) * kv_heads + heads) * capacity + positions.unsqueeze(1)
         batch.row_writes = writes.view(-1)
         if rows != list(range(len(lengths))):
             batch.row_index = index
         batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
-        bias = self._length_bias(torch.tensor(lengths, device=self.device), capacity)
+        bias = self._length_bias(to_device(lengths, self.device), capacity)
         batch.decode_bias = bias.view(-1, 1, 1, capacity)
 
     def _gather_metadata(self, batch: PagedBatch, decodes: list[SequenceState]) -> None:
@@ -118,10 +118,10 @@ class ModelRunner:
         # tensor would make the CPU wait for the GPU every step.
         host_lengths = [s.num_computed_tokens + 1 for s in decodes]
         width = -(-max(host_lengths) // self.block_size)
-        lengths = torch.tensor(host_lengths, device=self.device)
+        lengths = to_device(host_lengths, self.device)
         tables = [s.block_table[:width] for s in decodes]
-        batch.decode_blocks = torch.tensor(
-            [b for t in tables for b in t + [0] * (width - len(t))], device=self.device
+        batch.decode_blocks = to_device(
+            [b for t in tables for b in t + [0] * (width - len(t))], self.device
         )
         context = width * self.block_size
         batch.decode_context = context
@@ -138,7 +138,7 @@ class ModelRunner:
         if done == 0:
             return PrefillSpan(start, new)
         context = done + new
-        slots = torch.tensor(self._slots(seq, 0, context), dtype=torch.long, device=self.device)
+        slots = to_device(self._slots(seq, 0, context), self.device)
         rows = torch.arange(done, context, device=self.device).unsqueeze(1)
         visible = torch.arange(context, device=self.device).unsqueeze(0) <= rows
         bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
@@ -178,11 +178,11 @@ class ModelRunner:
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
         if short:
             batch.spans = span_group(short, self.block_size, self.group, self.device)
-        batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        batch.slot_mapping = to_device(slots, self.device)
         out = self.model(
-            input_ids=torch.tensor([ids], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            input_ids=to_device(ids, self.device).unsqueeze(0),
+            position_ids=to_device(positions, self.device).unsqueeze(0),
+            logits_to_keep=to_device(keep, self.device),
             use_cache=False,
             paged_batch=batch,
         )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from workers.detokenizer import TokenTable
+from workers.host_copy import to_device
 from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class Sampler:
         for i, row in enumerate(rows):
             p = row.params
             if p.has_penalties and row.output_ids:
-                ids = torch.tensor(row.output_ids, device=logits.device)
+                ids = to_device(row.output_ids, logits.device)
                 counts = torch.bincount(ids, minlength=logits.shape[-1]).to(logits.dtype)
                 apply_penalties(
                     logits[i], counts[: logits.shape[-1]], p.presence_penalty, p.frequency_penalty
@@ -133,14 +134,14 @@ class Sampler:
         vocab = logits.shape[-1]
         temps = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temps):
-            logits /= torch.tensor(temps, device=logits.device).unsqueeze(-1)
+            logits /= to_device(temps, logits.device, torch.float32).unsqueeze(-1)
         if any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params):
             top_k = [min(p.top_k, vocab) if p.top_k > 0 and not p.greedy else vocab for p in params]
             top_p = [1.0 if p.greedy else p.top_p for p in params]
             _mask_top_k_top_p(
                 logits,
-                torch.tensor(top_k, device=logits.device),
-                torch.tensor(top_p, device=logits.device, dtype=logits.dtype),
+                to_device(top_k, logits.device),
+                to_device(top_p, logits.device, logits.dtype),
             )
         tokens = logits.argmax(dim=-1)
         if not all(p.greedy for p in params):
