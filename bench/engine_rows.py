@@ -34,14 +34,17 @@ BENCH_SCHEMA = {"type": "array", "items": BENCH_ITEM, "minItems": 10_000}
 
 
 def step_time_target(row: str, args: argparse.Namespace) -> float | None:
-    """Row (d-fixed): none; the others: `--step-time-target`, else the worker's default."""
+    """Row (d-fixed): none; the others: `--step-time-target`, else the worker's default on the
+    bench's device."""
     if row == "d-fixed":
         return None
     if args.step_time_target is not None:
         return args.step_time_target or None
-    from workers.config import WorkerConfig
+    from workers import config
 
-    return getattr(WorkerConfig(), "step_time_target_s", None)
+    if hasattr(config, "default_step_time_target"):
+        return config.default_step_time_target(args.device)
+    return getattr(config.WorkerConfig(), "step_time_target_s", None)  # an older tree
 
 
 def engine_settings(

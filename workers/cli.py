@@ -75,9 +75,9 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step-time-target",
         type=float,
-        default=float(_env("step-time-target") or _DEFAULTS.step_time_target_s),
+        default=float(_env("step-time-target")) if _env("step-time-target") else None,
         help="seconds one engine step should take: prefill chunks shrink so decodes keep "
-        "their pace (0: prefill fills the token budget)",
+        "their pace (0: prefill fills the token budget; default: 0.05 on CPU, 0 on CUDA)",
     )
     parser.add_argument(
         "--block-size",

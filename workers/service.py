@@ -86,7 +86,8 @@ class WorkerService:
         """Load (on a daemon thread) and start the engine loop; sets `ready` or `failed`."""
         try:
             loaded = self._preloaded or await self._load_in_background()
-            engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs())
+            device = next(loaded.model.parameters()).device.type
+            engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs(device))
             self._grammar = await asyncio.to_thread(self._grammar_compiler, loaded, engine)
             self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)

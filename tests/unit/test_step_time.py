@@ -294,5 +294,15 @@ def test_an_engine_under_a_tight_target_splits_prompts_and_generates_the_same_te
 def test_the_worker_setting_reaches_the_engine_and_zero_turns_it_off():
     from workers.config import WorkerConfig
 
-    assert WorkerConfig().engine_kwargs()["step_time_target_s"] == 0.05
-    assert WorkerConfig(step_time_target_s=0).engine_kwargs()["step_time_target_s"] is None
+    assert WorkerConfig().engine_kwargs("cpu")["step_time_target_s"] == 0.05
+    assert WorkerConfig(step_time_target_s=0).engine_kwargs("cpu")["step_time_target_s"] is None
+    assert WorkerConfig(step_time_target_s=0.2).engine_kwargs("cpu")["step_time_target_s"] == 0.2
+
+
+def test_cuda_runs_without_a_target_unless_one_is_set():
+    """A CUDA step's time hardly moves with its tokens (the host launching kernels bounds it),
+    so a target that prices tokens would only starve prefill there: off unless set."""
+    from workers.config import WorkerConfig
+
+    assert WorkerConfig().engine_kwargs("cuda")["step_time_target_s"] is None
+    assert WorkerConfig(step_time_target_s=0.03).engine_kwargs("cuda")["step_time_target_s"] == 0.03

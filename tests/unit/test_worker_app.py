@@ -226,3 +226,10 @@ async def test_a_body_over_the_workers_limit_is_an_openai_shaped_413(
     response = await client.post("/v1/generate", json=body())  # under it: served as before
     assert response.status == 200
     await response.read()
+
+
+async def test_the_engine_gets_the_step_time_target_of_the_device_the_model_is_on(client):
+    """The default is resolved against where the model was loaded (here a CPU: 50 ms)."""
+    engine = client.app[SERVICE]._require_engine()._engine
+    assert engine.scheduler.step_budget is not None
+    assert engine.scheduler.step_budget.target_s == 0.05

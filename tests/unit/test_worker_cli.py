@@ -46,7 +46,7 @@ def test_defaults() -> None:
         "dtype": "auto",
         "max_num_seqs": 32,
         "max_num_batched_tokens": 512,
-        "step_time_target": 0.05,
+        "step_time_target": None,  # the device's default (workers.config.STEP_TIME_TARGETS)
         "block_size": 16,
         "kv_cache_memory": "2GiB",
         "num_kv_blocks": None,
