@@ -53,7 +53,7 @@ def decoding_engine(model, tokenizer, concurrency: int, max_new: int):
     for _ in range(200):
         engine.step()
         running = engine.scheduler.running
-        if len(running) == concurrency and all(s.num_computed_tokens for s in running):
+        if len(running) == concurrency and all(s.num_uncomputed == 1 for s in running):
             break
     for _ in range(3):  # the decode rows at their working size
         engine.step()
