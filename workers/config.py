@@ -9,6 +9,7 @@ from workers.limits import MAX_BODY_BYTES, worker_body_limit
 from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, MODES
 
 DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The step-time target a device gets unless one is set (None: off, prefill fills the token
 # budget). On a CPU a step's time grows with its tokens, and chunks cut to fit keep the decodes'
 # pace. On CUDA a small model's step is bound by the host launching its kernels (SmolLM2-135M's
@@ -21,9 +22,6 @@ STEP_TIME_TARGETS: dict[str, float | None] = {"cpu": 0.05, "cuda": None}
 def default_step_time_target(device: str) -> float | None:
     """The target for a resolved device ("cpu" or "cuda") when the settings name none."""
     return STEP_TIME_TARGETS.get(device)
-
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
