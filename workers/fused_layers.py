@@ -25,6 +25,8 @@ from transformers.models.llama.modeling_llama import (
     eager_attention_forward,
 )
 
+from workers.module_swap import replace_modules
+
 # What the attention functions (ours, sdpa, eager) read from the module they are given.
 _ATTENTION_ATTRIBUTES = (
     "config",
@@ -125,16 +127,4 @@ def fuse_projections(model: nn.Module) -> int:
 
     Returns how many modules were replaced (0 for other architectures, or when already fused).
     """
-    found: list[tuple[nn.Module, str, nn.Module]] = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) in _FUSED
-    ]
-    count = len(found)
-    # NOTE: popped one module at a time, so its replaced weights are freed before the next is
-    # fused: the concatenated copies never hold the whole model twice.
-    while found:
-        parent, name, child = found.pop()
-        setattr(parent, name, _FUSED[type(child)](child))
-    return count
+    return replace_modules(model, _FUSED)

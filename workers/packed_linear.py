@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from workers.model_loader import cpu_has_native_bf16
+from workers.module_swap import replace_modules
 
 
 def _kernels_available() -> bool:
@@ -61,16 +62,4 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` in `model` by its packed form, in place; returns how many."""
-    found = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear
-    ]
-    count = len(found)
-    # NOTE: popped one layer at a time, so a replaced weight is freed before the next layer is
-    # packed and its memory can take the next copy: never the whole model twice.
-    while found:
-        parent, name, child = found.pop()
-        setattr(parent, name, PackedLinear(child))
-    return count
+    return replace_modules(model, {nn.Linear: PackedLinear})
