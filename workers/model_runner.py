@@ -18,6 +18,7 @@ from workers.fused_layers import fuse_projections
 from workers.heap import trim_heap
 from workers.host_copy import to_device
 from workers.kv_cache import KVCache
+from workers.llama_forward import lean_forward
 from workers.packed_linear import pack_linears, should_pack
 from workers.request import SequenceState
 
@@ -78,6 +79,8 @@ class ModelRunner:
             pack_linears(model)
         trim_heap()  # the weights fusing and packing replaced
         model.set_attn_implementation(ATTENTION_NAME)
+        # the engine's own pass where the architecture allows (llama_forward.py), else the model's
+        self.lean = lean_forward(model)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
@@ -179,10 +182,15 @@ class ModelRunner:
         if short:
             batch.spans = span_group(short, self.block_size, self.group, self.device)
         batch.slot_mapping = to_device(slots, self.device)
+        input_ids = to_device(ids, self.device).unsqueeze(0)
+        position_ids = to_device(positions, self.device).unsqueeze(0)
+        rows = to_device(keep, self.device)
+        if self.lean is not None:
+            return samplers, self.lean(input_ids, position_ids, rows, batch)
         out = self.model(
-            input_ids=to_device(ids, self.device).unsqueeze(0),
-            position_ids=to_device(positions, self.device).unsqueeze(0),
-            logits_to_keep=to_device(keep, self.device),
+            input_ids=input_ids,
+            position_ids=position_ids,
+            logits_to_keep=rows,
             use_cache=False,
             paged_batch=batch,
         )
