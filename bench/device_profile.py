@@ -40,13 +40,14 @@ def launch_us(device: str, count: int = 2000) -> float:
     return (time.perf_counter() - started) / count * 1e6
 
 
-def decoding_engine(model, tokenizer, concurrency: int, max_new: int):
-    """An engine whose `concurrency` requests have all finished prefill and are decoding."""
+def decoding_engine(model, tokenizer, concurrency: int, max_new: int, **settings):
+    """An engine whose `concurrency` requests have all finished prefill and are decoding;
+    `settings` go to the engine."""
     from workers.engine import Engine
     from workers.request import EngineRequest
     from workers.sampling_params import SamplingParams
 
-    engine = Engine(model, tokenizer, max_num_seqs=concurrency)
+    engine = Engine(model, tokenizer, max_num_seqs=concurrency, **settings)
     params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(build_prompts(tokenizer, concurrency)):
         engine.add_request(EngineRequest(f"p{i}", ids, params))
