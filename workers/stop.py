@@ -17,8 +17,11 @@ class StopStringHoldback:
 
     NOTE: the pending tail is the longest suffix of the text so far that is a prefix of some stop
     string. Everything before it is safe: a stop string starting there would already be either a
-    full match (found below) or a prefix of one (held). On a hit, the text before the earliest
-    match is released and everything from the stop string on is dropped.
+    full match (found below) or a prefix of one (held). On a hit, the text before the match that
+    completes first is released (the earliest end; at a tie, the earliest start) and everything
+    from that stop string on is dropped. NOTE: the earliest end, not the earliest start: with
+    stops "b" and "EbE", the text "EEbE" stops at "b" whether it came as one chunk or as "EEb" then
+    "E" (a stream cannot wait past a completed stop string for a longer one to complete).
     """
 
     __slots__ = ("_pending", "_stops")
@@ -36,10 +39,10 @@ class StopStringHoldback:
         if not self._stops:
             return text, False
         buffer = self._pending + text
-        hits = [i for i in (buffer.find(s) for s in self._stops) if i >= 0]
+        hits = [(i + len(s), i) for s in self._stops if (i := buffer.find(s)) >= 0]
         if hits:
             self._pending = ""
-            return buffer[: min(hits)], True
+            return buffer[: min(hits)[1]], True
         keep = self._held_suffix_len(buffer)
         cut = len(buffer) - keep
         self._pending = buffer[cut:]

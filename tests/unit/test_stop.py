@@ -39,8 +39,11 @@ def run(stops: list[str], chunks: list[str]) -> tuple[list[str], bool, str]:
         (["END"], ["abcENDdef"], ["abc"], True, ""),
         # overlapping prefixes: "aa" may still become "aab" after a third "a"
         (["aab"], ["a", "a", "a", "b"], ["", "", "a", ""], True, ""),
-        # several stops: the earliest match in the text wins, not the first in the list
+        # several stops: the match completed first wins, not the first in the list ...
         (["world", "lo w"], ["hello world"], ["hel"], True, ""),
+        # ... however the text is cut: "b" completes before "EbE", which starts earlier
+        (["b", "EbE"], ["EEbE"], ["EE"], True, ""),
+        (["b", "EbE"], ["EEb", "E"], ["EE"], True, ""),
         # the longest held tail is kept: "ab" could start "abc", "b" could start "bcd"
         (["abc", "bcd"], ["xab"], ["x"], False, "ab"),
         (["abc", "bcd"], ["xab", "d"], ["x", "abd"], False, ""),
@@ -64,7 +67,9 @@ ALPHABET = "ab \u597d\u7684E"  # few letters, so stop strings and their prefixes
     stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=4),
     cuts=st.lists(st.integers(0, 40), max_size=12),
 )
-def test_any_chunking_releases_exactly_the_text_before_the_first_stop(text, stops, cuts) -> None:
+def test_any_chunking_releases_exactly_the_text_before_the_first_completed_stop(
+    text, stops, cuts
+) -> None:
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
     holdback, released, hit = StopStringHoldback(stops), "", False
@@ -73,11 +78,12 @@ def test_any_chunking_releases_exactly_the_text_before_the_first_stop(text, stop
         released += out
         if hit:
             break
-    first = min((i for s in stops if (i := text.find(s)) >= 0), default=None)
+    # the stop string completed first (earliest end; at a tie, earliest start) cuts the text
+    first = min(((i + len(s), i) for s in stops if (i := text.find(s)) >= 0), default=None)
     if first is None:
         assert not hit and released + holdback.flush() == text
     else:
-        assert hit and released == text[:first]
+        assert hit and released == text[: first[1]]
 
 
 def test_flush_releases_what_was_held() -> None:
