@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The engine on a GPU in one prepared run: where it syncs, where a decode step's time goes,
+# the engine's own Llama pass against the module forward (ops and time per decode step),
 # whether its greedy tokens are `generate`'s, bench/engine_throughput.py's rows c and d in
 # bfloat16 at c = 1, 32, 64, and a 50 ms step-time target against none (its price there).
 #
@@ -34,6 +35,10 @@ timeout 120 $PY bench/device_syncs.py --model "$MODELS/smollm2-135m" --concurren
 echo "== a decode step's time, 135M, bfloat16"
 timeout 90 $PY bench/device_profile.py --model "$MODELS/smollm2-135m" --concurrency 1,64 \
     2>"$OUT/profile.err" | tee "$OUT/profile.txt"
+
+echo "== the engine's own Llama pass against the module forward, 135M, bfloat16"
+timeout 120 $PY bench/step_ops.py --model "$MODELS/smollm2-135m" --device cuda \
+    --dtype bfloat16 --concurrency 1,64 2>"$OUT/step_ops.err" | tee "$OUT/step_ops.txt"
 
 for model in smollm2-135m smollm2-1.7b; do
     echo "== engine_throughput, $model"

@@ -79,8 +79,10 @@ def test_gathered_decodes_match_the_module_forward(model, monkeypatch) -> None:
     assert len(compared) > 20
 
 
-def test_the_engine_streams_what_it_streams_through_the_modules(tiny, monkeypatch) -> None:
-    model, tokenizer = tiny
+def test_the_engine_streams_what_it_streams_through_the_modules(
+    tiny_model_dir, monkeypatch
+) -> None:
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")  # not yet packed in place
     (lean, lean_model), (plain, _) = texts_with_and_without(
         model, tokenizer, monkeypatch, "lean_forward", lambda model: None
     )
@@ -88,10 +90,10 @@ def test_the_engine_streams_what_it_streams_through_the_modules(tiny, monkeypatc
     assert lean_forward(lean_model) is not None, "the first engine took the lean forward"
 
 
-def test_models_it_does_not_know_keep_the_module_forward(tiny) -> None:
-    model = copy.deepcopy(tiny[0])
+def test_models_it_does_not_know_keep_the_module_forward(tiny_model_dir) -> None:
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
     assert lean_forward(model) is None, "unfused layers"
-    engine = Engine(model, tiny[1], num_kv_blocks=16, block_size=8)
+    engine = Engine(model, tokenizer, num_kv_blocks=16, block_size=8)
     assert engine.runner.lean is not None, "the engine fuses first"
     model.model.layers[1].mlp.act_fn = torch.nn.GELU()
     assert lean_forward(model) is None, "another activation"
