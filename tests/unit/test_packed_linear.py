@@ -1,7 +1,7 @@
 """Linear layers packed for oneDNN compute what the loaded model computes: same logits (within
 rounding), the same greedy tokens through `generate` and through the engine; the engine packs
-only where it was measured to pay (CPU, bfloat16 with native support), and a tied output
-projection leaves the embedding it shares untouched."""
+only where it was measured to pay (CPU: bfloat16 with native support, float32 on AVX2), and a
+tied output projection leaves the embedding it shares untouched."""
 
 from __future__ import annotations
 
@@ -66,7 +66,23 @@ def test_the_engine_packs_native_bfloat16_and_streams_what_it_streams_unpacked(
     assert type(plain_model.lm_head) is nn.Linear
 
 
-def test_the_engine_leaves_float32_on_the_blas(tiny_model_dir) -> None:
+def test_the_engine_packs_float32_on_avx2_and_streams_what_it_streams_unpacked(
+    tiny_model_dir, monkeypatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
+    (packed, packed_model), (plain, plain_model) = texts_with_and_without(
+        model, tokenizer, monkeypatch, "should_pack", lambda *args: False
+    )
+    assert plain == packed
+    assert isinstance(packed_model.model.layers[0].mlp.gate_up_proj, PackedLinear)
+    assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
+
+
+def test_the_engine_leaves_float32_on_the_blas_of_an_avx512_cpu(
+    tiny_model_dir, monkeypatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
     assert all(len(text) > 0 for text in engine_texts(model, tokenizer).values())
     assert type(model.lm_head) is nn.Linear
@@ -91,8 +107,11 @@ def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
     monkeypatch.setattr(packed_linear, "cpu_has_native_bf16", lambda: True)
     assert should_pack(CPU, torch.bfloat16)
     assert not should_pack(CUDA, torch.bfloat16), "CUDA takes its weights as they are"
-    assert not should_pack(CPU, torch.float32), "a lone sequence's step ran slower packed"
     assert not should_pack(CPU, torch.float16)
+    for capability, packs in (("AVX2", True), ("AVX512", False), ("AMX", False), ("NO AVX", False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert should_pack(CPU, torch.float32) is packs, capability
+    assert not should_pack(CUDA, torch.float32)
     monkeypatch.setattr(packed_linear, "_kernels_available", lambda: False)
     assert not should_pack(CPU, torch.bfloat16), "a torch without oneDNN runs as loaded"
     monkeypatch.setattr(packed_linear, "_kernels_available", lambda: True)
