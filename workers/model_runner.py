@@ -19,6 +19,7 @@ from workers.heap import trim_heap
 from workers.host_copy import to_device
 from workers.kv_cache import KVCache
 from workers.llama_forward import lean_forward
+from workers.own_memory import own_weights
 from workers.packed_linear import pack_linears, should_pack
 from workers.request import SequenceState
 
@@ -74,6 +75,7 @@ class ModelRunner:
         self.group = config.num_attention_heads // (
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         )
+        own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)
         if should_pack(self.device, self.dtype):
             pack_linears(model)
