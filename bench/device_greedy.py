@@ -21,6 +21,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 from engine_workload import mixed_prompts  # noqa: E402
+from model_args import add_model_arguments, load_model_of  # noqa: E402
 
 
 def engine_tokens(engine, prompts: list[list[int]], new: int) -> list[list[int]]:
@@ -45,18 +46,15 @@ def engine_tokens(engine, prompts: list[list[int]], new: int) -> list[list[int]]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a local HF folder (default: SmolLM2-135M)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="float32")
+    add_model_arguments(p, device="cuda", dtype="float32")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=24)
     args = p.parse_args()
     import torch
 
     from workers.engine import Engine
-    from workers.model_loader import load_model, resolve_model_path
 
-    model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
+    model, tokenizer = load_model_of(args)
     prompts = mixed_prompts(tokenizer, args.prompts)
     expected = []
     for ids in prompts:

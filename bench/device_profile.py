@@ -22,6 +22,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 from engine_workload import build_prompts  # noqa: E402
+from model_args import add_model_arguments, load_model_of  # noqa: E402
 
 
 def launch_us(device: str, count: int = 2000) -> float:
@@ -102,15 +103,11 @@ def summarize(walls: list[float], cpus: list[float], prof, steps: int) -> list[s
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a local HF folder (default: SmolLM2-135M)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16")
+    add_model_arguments(p, device="cuda", dtype="bfloat16")
     p.add_argument("--concurrency", default="1,64")
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
-    from workers.model_loader import load_model, resolve_model_path
-
-    model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
+    model, tokenizer = load_model_of(args)
     print(f"device_profile: a bare launch takes {launch_us(args.device):.1f} us on {args.device}")
     for c in (int(x) for x in args.concurrency.split(",")):
         engine = decoding_engine(model, tokenizer, c, max_new=args.steps + 400)

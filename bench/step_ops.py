@@ -31,6 +31,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 from device_profile import decoding_engine  # noqa: E402
+from model_args import add_model_arguments, load_model_of  # noqa: E402
 
 # aten ops that only make a new view (or an empty tensor): no kernel, no arithmetic
 _VIEW_NAMES = (
@@ -91,16 +92,12 @@ def measure(engine, steps: int, rounds: int) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a local HF folder (default: SmolLM2-135M)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    add_model_arguments(p, device="cpu", dtype="float32")
     p.add_argument("--concurrency", default="1,64")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=6)
     args = p.parse_args()
-    from workers.model_loader import load_model, resolve_model_path
-
-    model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
+    model, tokenizer = load_model_of(args)
     print(f"{args.model or 'SmolLM2-135M'}, {args.dtype} on {args.device}, per decode step")
     print(f"{'c':>3} {'forward':<8} | {'ops':>6} {'non-view':>9} | {'ms':>8} | lean/modules")
     for c in (int(x) for x in args.concurrency.split(",")):
