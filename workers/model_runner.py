@@ -63,6 +63,14 @@ def span_group(
     )
 
 
+def _is_decode(seq: SequenceState, new: int) -> bool:
+    """Whether `seq`'s `new` tokens this step are a decode: its one last token, after others.
+
+    NOTE: not any one-token chunk: a budget nearly spent on decodes can leave a prompt one token
+    of its middle, which is prefill (it samples nothing)."""
+    return new == 1 and seq.num_computed_tokens > 0 and seq.num_uncomputed == 1
+
+
 class ModelRunner:
     def __init__(self, model: Any, cache: KVCache) -> None:
         self.model = model
@@ -156,8 +164,8 @@ class ModelRunner:
     ) -> tuple[list[SequenceState], torch.Tensor]:
         """Run one step; return the sequences that sample next and their logits rows [R, V]:
         one row each, or 1 + len(seq.draft) consecutive rows for a sequence verifying a draft."""
-        decodes = [s for s, n in work if n == 1 and s.num_computed_tokens > 0]
-        prefills = [(s, n) for s, n in work if not (n == 1 and s.num_computed_tokens > 0)]
+        decodes = [s for s, n in work if _is_decode(s, n)]
+        prefills = [(s, n) for s, n in work if not _is_decode(s, n)]
         batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
         self._decode_metadata(batch, decodes, prefills)
         ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]

@@ -11,6 +11,7 @@ import torch
 
 from tests.support.worker_lines import wire
 from workers.engine import Engine
+from workers.model_runner import ModelRunner
 from workers.request import EngineRequest
 from workers.sampling_params import SamplingParams
 
@@ -75,6 +76,44 @@ def test_32_prompts_at_once_match_generate_even_with_preemption(tiny):
         assert text_of(events[f"r{i}"]) == expected, f"r{i}"
         finish = [e for e in events[f"r{i}"] if e["type"] == "finish"]
         assert finish[0]["completion_tokens"] == 20
+    assert_no_leaks(engine)
+
+
+def test_a_one_token_chunk_in_the_middle_of_a_prompt_is_prefill(tiny, monkeypatch):
+    """Seven decodes leave a budget of 8 one token for the long prompt, step after step: each
+    such chunk computes a prompt token and samples nothing (a decode would have sampled, and
+    the prompt's text would start too early)."""
+    model, tokenizer = tiny
+    middles = []
+    execute = ModelRunner.execute
+
+    def watching(self, work):
+        middles.extend(
+            s for s, n in work if n == 1 and 0 < s.num_computed_tokens < s.prompt_len - 1
+        )
+        return execute(self, work)
+
+    monkeypatch.setattr(ModelRunner, "execute", watching)
+    engine = Engine(
+        model, tokenizer, max_num_seqs=8, num_kv_blocks=64, block_size=8, max_num_batched_tokens=8
+    )
+    short = [encode(tokenizer, word) for word in WORDS[:7]]
+    long = encode(tokenizer, " ".join(WORDS * 2))
+    for i, ids in enumerate(short):
+        submit(engine, f"s{i}", ids, max_tokens=40, temperature=0.0, ignore_eos=True)
+    engine.step()  # the short prompts decode before the long one arrives
+    submit(engine, "long", long, max_tokens=12, temperature=0.0, ignore_eos=True)
+    events = run(engine)
+    assert any(s.request_id == "long" for s in middles), "the long prompt got one-token chunks"
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([long]), do_sample=False, max_new_tokens=12, min_new_tokens=12
+        )
+    expected = tokenizer.decode(
+        out[0, len(long) :], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
+    assert text_of(events["long"]) == expected
+    assert next(e for e in events["long"] if e["type"] == "finish")["completion_tokens"] == 12
     assert_no_leaks(engine)
 
 
