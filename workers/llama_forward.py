@@ -69,7 +69,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class _LlamaForward:
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
         body = model.model
         self.embed = body.embed_tokens
         self.rotary = body.rotary_emb
@@ -80,6 +79,7 @@ class _LlamaForward:
         self.heads = model.config.num_attention_heads
         self.kv_heads = attention.split_sizes[1] // attention.head_dim
         self.head_dim = attention.head_dim
+        self.qk_width = (self.heads + self.kv_heads) * self.head_dim  # q and k, side by side
         self.hidden = (model.config.hidden_size,)
 
     def __call__(
@@ -108,10 +108,8 @@ class _LlamaForward:
         x = F.rms_norm(hidden, self.hidden, norm.weight, norm.variance_epsilon)
         tokens = x.shape[1]
         qkv = attention.qkv_proj(x)
-        q_and_k = self.heads + self.kv_heads
-        qk = qkv[..., : q_and_k * self.head_dim].view(1, tokens, q_and_k, self.head_dim)
-        qk = _rotate(qk, cos, sin)
-        value = qkv[..., q_and_k * self.head_dim :].view(1, tokens, self.kv_heads, self.head_dim)
+        qk = _rotate(qkv[..., : self.qk_width].view(1, tokens, -1, self.head_dim), cos, sin)
+        value = qkv[..., self.qk_width :].view(1, tokens, self.kv_heads, self.head_dim)
         out, _ = paged_attention_forward(
             attention,
             qk[:, :, : self.heads].transpose(1, 2),

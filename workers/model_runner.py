@@ -164,8 +164,13 @@ class ModelRunner:
     ) -> tuple[list[SequenceState], torch.Tensor]:
         """Run one step; return the sequences that sample next and their logits rows [R, V]:
         one row each, or 1 + len(seq.draft) consecutive rows for a sequence verifying a draft."""
-        decodes = [s for s, n in work if _is_decode(s, n)]
-        prefills = [(s, n) for s, n in work if not _is_decode(s, n)]
+        decodes: list[SequenceState] = []
+        prefills: list[tuple[SequenceState, int]] = []
+        for seq, new in work:
+            if _is_decode(seq, new):
+                decodes.append(seq)
+            else:
+                prefills.append((seq, new))
         batch = PagedBatch(self.cache, torch.empty(0), num_decode=len(decodes))
         self._decode_metadata(batch, decodes, prefills)
         ids: list[int] = [s.all_ids[s.num_computed_tokens] for s in decodes]

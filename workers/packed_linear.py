@@ -13,10 +13,9 @@ host at the default model's shapes (q/k/v, o, gate/up, down, lm_head), per step:
 On a 2-core AVX2 host (AMD EPYC, no AVX-512) float32 is another matter: the packed GEMMs took
 0.81x, 0.66x and 0.80x the BLAS's time at 1, 32 and 64 rows (the default model's shapes, one
 step's worth), and the engine bench read 1.25x, 1.35x and 1.28x the tokens/s at c=1, 32, 64
-(`--compare`, two repeats taking turns), for about 260 MiB more RSS: the packed copies of the
-layers read straight from the checkpoint's mapped file (o_proj, down, the tied output
-projection) are new memory, and the file's pages they were read from stay mapped (clean,
-reclaimable page cache, but counted in RSS).
+(`--compare`, two repeats taking turns), for 114 MiB more RSS (995 against 881 MiB once the
+weights have left the checkpoint's mapping, own_memory.py): the tied output projection's packed
+copy.
 
 So bfloat16 is packed where the CPU computes it natively (AVX512-BF16, AMX), float32 where the
 CPU's best instruction set is AVX2 (on AVX-512 and AMX hosts the BLAS keeps it); CUDA never (its
