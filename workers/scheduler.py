@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
 from workers.request import RequestStatus, SequenceState
-from workers.step_time import StepBudget
+from workers.step_time import SETTLED_TOKENS, StepBudget
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,6 +57,8 @@ class ScheduledStep:
     work: list[tuple[SequenceState, int]] = field(default_factory=list)
     preempted: list[SequenceState] = field(default_factory=list)
     decodes: int = 0  # the first `decodes` of `work` are running sequences' one-token decodes
+    # False: prefill took the whole budget beside decodes that had not settled (step_time.py)
+    shaped: bool = True
 
     @property
     def num_tokens(self) -> int:
@@ -153,6 +155,7 @@ class Scheduler:
         # short of blocks preempts from the end of that order (the newest prompt, else the newest
         # decode), never one already given work this step.
         order = [s for s in self.running if s.num_uncomputed == 1]
+        settled = sum(len(s.output_ids) >= SETTLED_TOKENS for s in order)
         prefilling = [s for s in self.running if s.num_uncomputed > 1]
         prompts = len(prefilling) + len(self.waiting)  # waiting for their first token
         order += prefilling
@@ -162,7 +165,7 @@ class Scheduler:
         while i < len(order) and budget > 0:
             seq = order[i]
             if prefill is None and seq.num_uncomputed > 1:
-                prefill = self._prefill_room(step.num_tokens, budget, prompts)
+                prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
             new = min(seq.num_uncomputed, budget if prefill is None else prefill)
             if new == 0:
                 break
@@ -177,8 +180,9 @@ class Scheduler:
             i += 1
         if not step.preempted:
             if prefill is None:
-                prefill = self._prefill_room(step.num_tokens, budget, prompts)
+                prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
             self._admit(step, min(budget, prefill))
+        step.shaped = settled > 0 or step.num_tokens == step.decodes
         if self.step_budget is not None and step.work:
             self.step_budget.started()
         return step
@@ -194,12 +198,12 @@ class Scheduler:
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""
         if self.step_budget is not None and step.work:
-            self.step_budget.ended(step.num_tokens, step.decodes)
+            self.step_budget.ended(step.num_tokens, step.decodes, step.shaped)
 
-    def _prefill_room(self, decode_tokens: int, budget: int, prompts: int) -> int:
+    def _prefill_room(self, decode_tokens: int, budget: int, prompts: int, settled: int) -> int:
         if self.step_budget is None:
             return budget
-        return self.step_budget.prefill_tokens(decode_tokens, budget, prompts)
+        return self.step_budget.prefill_tokens(decode_tokens, budget, prompts, settled)
 
     def _make_room(
         self, step: ScheduledStep, order: list[SequenceState], i: int, target: int

@@ -25,6 +25,12 @@ RECENT_STEPS = 8  # steps whose seconds per token bound the slope (short: a slow
 # prefill stays within about 1.5x a decode-only step (more while prompts outnumber decodes).
 MIN_PREFILL_SHARE = 0.5
 TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest recent step
+# NOTE: the cadence the target keeps is that of decodes already streaming. A decode with fewer
+# tokens than this is still coming in with its wave: while every decode is that young, prefill
+# takes the fixed budget, so a burst of prompts starts together. Let in at half a decode step's
+# time a chunk at a time, a wave of 32 started over 30 steps instead of 4, and since a batch
+# that starts staggered also ends staggered, the wave's throughput fell to 0.83x.
+SETTLED_TOKENS = 8
 
 
 class StepTimeModel:
@@ -96,19 +102,23 @@ class StepBudget:
         self.model = StepTimeModel()
         self._started: float | None = None
 
-    def prefill_tokens(self, decode_tokens: int, limit: int, prompts: int = 1) -> int:
-        """Prefill tokens for a step with `decode_tokens` decodes, at most `limit`, while
-        `prompts` prompts wait for theirs.
+    def prefill_tokens(
+        self, decode_tokens: int, limit: int, prompts: int = 1, settled: int | None = None
+    ) -> int:
+        """Prefill tokens for a step with `decode_tokens` decodes, `settled` of them streaming
+        for SETTLED_TOKENS or more (None: all), at most `limit`, while `prompts` prompts wait
+        for theirs.
 
         Never below `floor` (prompts always move), never above `limit` (the fixed budget); all
-        of `limit` when no decode runs (no cadence to keep) or nothing has been measured yet.
+        of `limit` when no decode has settled (no cadence to keep yet) or nothing has been
+        measured yet.
 
         NOTE: when decodes alone outrun the target, prefill gets a share of the decodes' time:
         MIN_PREFILL_SHARE, times prompts / decodes while prompts outnumber decodes (a waiting
         prompt's client has nothing yet; a decode's gets its next token a little later). With
         the share fixed, a burst of 64 prompts went in 30-token chunks beside the first
         decodes, and a wave's throughput fell to 0.73x."""
-        if decode_tokens == 0:
+        if decode_tokens == 0 or settled == 0:
             return limit
         slope = self.model.per_token
         decodes_s = self.model.predict(decode_tokens)
@@ -139,14 +149,17 @@ class StepBudget:
         """The step's work is decided; its time runs from here."""
         self._started = self.clock()
 
-    def ended(self, tokens: int, decodes: int) -> None:
-        """The step's results are on the host: learn from how long its `tokens` took.
+    def ended(self, tokens: int, decodes: int, shaped: bool = True) -> None:
+        """The step's results are on the host: learn from how long its `tokens` took, unless
+        its prefill was not `shaped` by the target (it took the whole budget beside decodes
+        that had not settled).
 
         NOTE: a step without decodes is not learned from. The budget only shapes steps with
         decodes, and a prompt-only step's long GEMMs cost less a token than a chunk adds to a
         decode step (CPU, float32: 1.6 against 2.9 ms). Learned, its seconds per token became the
         slope's bound, the fit's fixed part grew to match, and steps with a chunk ran 2.3x a
-        decode-only step where 1.5x was meant."""
-        if self._started is not None and decodes > 0:
+        decode-only step where 1.5x was meant. A wave's whole-budget steps are such long GEMMs
+        too, and would also widen how far the fit is trusted to grow a step."""
+        if self._started is not None and decodes > 0 and shaped:
             self.model.observe(tokens, self.clock() - self._started)
         self._started = None

@@ -3,16 +3,18 @@ and prompts split into chunks so the running sequences keep their cadence (fake 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
 
+from tests.support.worker_lines import wire
 from tests.unit.test_paged_engine import assert_no_leaks, prompts, run, submit, text_of
 from tests.unit.test_scheduler import make_seq
 from workers.block_manager import BlockManager
 from workers.engine import Engine
 from workers.scheduler import Scheduler
-from workers.step_time import MIN_PREFILL_SHARE, StepBudget, StepTimeModel
+from workers.step_time import MIN_PREFILL_SHARE, SETTLED_TOKENS, StepBudget, StepTimeModel
 
 
 class FakeClock:
@@ -134,6 +136,50 @@ def test_prompts_outnumbering_the_decodes_get_a_larger_share():
     assert budget.prefill_tokens(4, limit=512, prompts=16) == pytest.approx(4 * half, abs=1)
 
 
+def test_decodes_that_have_not_settled_leave_prefill_the_fixed_budget():
+    """The cadence kept is that of decodes already streaming: while every decode is younger
+    than SETTLED_TOKENS, a wave's prompts take the fixed budget."""
+    budget = StepBudget(0.050, floor=4, clock=FakeClock())
+    for tokens in (64, 96, 64, 96):
+        budget.model.observe(tokens, 0.001 * tokens)  # 64 decodes alone outrun the target
+    assert budget.prefill_tokens(64, limit=512, prompts=8, settled=0) == 512
+    share = budget.prefill_tokens(64, limit=512, prompts=8, settled=1)
+    assert share == budget.prefill_tokens(64, limit=512, prompts=8) < 512
+
+
+def test_a_wave_of_prompts_starts_together_as_with_the_fixed_budget():
+    """Six prompts at once: the step-time target schedules them as the fixed budget does (a
+    wave let in a chunk at a time starts, and so ends, staggered); once its decodes have
+    settled, a new prompt is split again."""
+    clock = FakeClock()
+    device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
+    schedules = []
+    for target_s in (0.020, None):
+        budget = None if target_s is None else StepBudget(target_s, floor=4, clock=clock)
+        sched = Scheduler(BlockManager(512, 4), 8, max_num_batched_tokens=512, step_budget=budget)
+        for seq in decoding(sched, device, 1):  # the fit has seen its steps; it ends
+            sched.release(seq)
+        for i in range(6):
+            sched.add(make_seq(f"w{i}", 150))
+        learned = budget.model.steps if budget else 0
+        schedules.append([device.run(sched)[0] for _ in range(4)])
+        if budget is not None:  # only the last two (decodes alone) taught the fit
+            assert budget.model.steps == learned + 2
+        assert all(seq.num_uncomputed == 1 for seq in sched.running)  # all six decode
+    timed, fixed = schedules
+    assert timed == fixed and sum(n for work in fixed for _, n in work if n > 1) == 900
+
+
+def test_a_step_whose_prefill_the_target_did_not_shape_teaches_the_fit_nothing():
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+    for shaped, learned in ((False, 0), (True, 1)):
+        budget.started()
+        clock.now += 0.400
+        budget.ended(512, decodes=8, shaped=shaped)  # a wave's whole-budget step
+        assert budget.model.steps == learned
+
+
 def test_optional_tokens_get_only_the_time_left_under_the_target():
     budget = measured_budget(_spare_is_the_fixed_budget)
     assert budget.spare_tokens(8, limit=100) == 32  # (50 - 18) ms at 1 ms a token
@@ -152,8 +198,10 @@ def test_speculative_drafts_fit_under_the_target_with_the_prefill():
     sched = make_scheduler(clock, target_s=0.020)  # the same decodes and a long prompt
     decoding(sched, device, 4)
     sched.add(make_seq("long", 300))
-    step = sched.schedule()  # prefill took the time left: nothing is spare
-    assert 4 < step.num_tokens < 300 and sched.spare_tokens(step) <= 1
+    step = sched.schedule()  # prefill takes its chunk, the drafts at most what time is left
+    spare = sched.spare_tokens(step)
+    assert 4 < step.num_tokens < 300 and spare < 26
+    assert device.fixed + device.per_token * (step.num_tokens + spare) <= 0.020 * 1.05
     fixed = make_scheduler(clock, target_s=None)
     decoding(fixed, device, 2)
     step = fixed.schedule()
@@ -179,13 +227,17 @@ def make_scheduler(clock: FakeClock, target_s: float | None) -> Scheduler:
 
 
 def decoding(sched: Scheduler, device: FakeDevice, count: int) -> list:
-    """`count` sequences past their prefill, decoding; the step-time fit has seen a few steps."""
+    """`count` sequences past their prefill, streaming long enough to have settled
+    (SETTLED_TOKENS); the step-time fit has seen their steps and one with a chunk."""
     seqs = [make_seq(f"d{i}", 6 + 10 * i) for i in range(count)]
     for seq in seqs:
         sched.add(seq)
         device.run(sched)
-    for _ in range(3):
+    for _ in range(SETTLED_TOKENS):
         device.run(sched)
+    if sched.step_budget is not None:  # and a step with a chunk beside them: a slope to read
+        tokens = count + 32
+        sched.step_budget.model.observe(tokens, device.fixed + device.per_token * tokens)
     return seqs
 
 
@@ -230,7 +282,7 @@ def test_prompt_only_steps_do_not_teach_the_cost_of_a_chunk_beside_decodes():
     sched = make_scheduler(clock, target_s=0.050)
     sched.add(make_seq("doc", 400))
     device.run(sched)  # prompt only: 700 ms for 400 tokens
-    for _ in range(4):
+    for _ in range(SETTLED_TOKENS):
         device.run(sched)  # "doc" decodes alone: 103 ms
     sched.add(make_seq("long", 300))
     steps = [device.run(sched) for _ in range(30)]
@@ -281,9 +333,16 @@ def test_an_engine_under_a_tight_target_splits_prompts_and_generates_the_same_te
     ]
     texts = []
     for engine in engines:
-        for i, ids in enumerate(prompts(tokenizer, 6, seed=3)):
-            submit(engine, f"r{i}", ids, max_tokens=12, temperature=0.0, ignore_eos=True)
-        events = run(engine)
+        first, *later = prompts(tokenizer, 6, seed=3)
+        submit(engine, "r0", first, max_tokens=24, temperature=0.0, ignore_eos=True)
+        events = defaultdict(list)
+        for _ in range(SETTLED_TOKENS + 1):  # r0 streams: its cadence is the one kept
+            for out in engine.step():
+                events[out.request_id].extend(wire(out.events))
+        for i, ids in enumerate(later, 1):
+            submit(engine, f"r{i}", ids, max_tokens=24, temperature=0.0, ignore_eos=True)
+        for rid, evs in run(engine).items():
+            events[rid].extend(evs)
         texts.append({rid: text_of(evs) for rid, evs in events.items()})
         assert_no_leaks(engine)
     fixed, timed = engines
