@@ -144,23 +144,35 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); else bf16 is emulated."""
-    if "AMX" in torch.backends.cpu.get_cpu_capability().upper():
-        return True
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        fn = getattr(torch.cpu, probe, None)
-        if fn is not None and fn():
-            return True
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = set()
+        return set()
+    flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return flags
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles (Intel Sapphire Rapids and later)."""
+    if "AMX" in torch.backends.cpu.get_cpu_capability().upper():
+        return True
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe()) or "amx_tile" in _cpu_flags()
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); else bf16 is emulated."""
+    if cpu_has_amx():
+        return True
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    if probe is not None and probe():
+        return True
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:

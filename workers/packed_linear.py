@@ -17,8 +17,13 @@ step's worth), and the engine bench read 1.25x, 1.35x and 1.28x the tokens/s at 
 weights have left the checkpoint's mapping, own_memory.py): the tied output projection's packed
 copy.
 
-So bfloat16 is packed where the CPU computes it natively (AVX512-BF16, AMX), float32 where the
-CPU's best instruction set is AVX2 (on AVX-512 and AMX hosts the BLAS keeps it); CUDA never (its
+On a 2-core AVX-512 host without AMX (AMD EPYC, Zen 4) float32 gains most: the packed GEMMs
+took 0.56x, 0.53x and 0.55x the BLAS's time at 1, 32 and 64 rows (`bench/packed_gemm.py`), and
+the engine bench read 1.74x, 1.73x and 1.44x the tokens/s at c=1, 32, 64 (`--compare`, two
+repeats taking turns).
+
+So bfloat16 is packed where the CPU computes it natively (AVX512-BF16, AMX), float32 on AVX2 and
+AVX-512 CPUs without AMX (on the AMX host the BLAS's own kernels matched it); CUDA never (its
 GEMMs take the weight as it is).
 
 The packed weight replaces the layer's own; a tied output projection (lm_head sharing the
@@ -30,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workers.model_loader import cpu_has_native_bf16
+from workers.model_loader import cpu_has_amx, cpu_has_native_bf16
 from workers.module_swap import replace_modules
 
 
@@ -67,7 +72,8 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.bfloat16:
         return cpu_has_native_bf16()
-    return dtype == torch.float32 and torch.backends.cpu.get_cpu_capability() == "AVX2"
+    vector = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return dtype == torch.float32 and vector and not cpu_has_amx()
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -126,6 +126,26 @@ def test_dtypes(monkeypatch, dtype, device, native_bf16, cuda_bf16, expected) ->
     assert resolve_dtype(dtype, device) == expected
 
 
+@pytest.mark.parametrize(
+    ("capability", "probe", "flags", "amx", "native_bf16"),
+    [
+        ("AVX2", False, {"avx2"}, False, False),  # AMD EPYC, Zen 2/3
+        ("AVX512", False, {"avx512f", "avx512_bf16"}, False, True),  # AMD EPYC, Zen 4
+        ("AVX512", False, {"avx512f", "amx_tile", "amx_bf16"}, True, True),  # Intel, AMX
+        ("AVX512", True, set(), True, True),  # torch's own probe says AMX
+    ],
+)
+def test_the_cpu_features_read_from_torch_and_cpuinfo(
+    monkeypatch, capability, probe, flags, amx, native_bf16
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: probe, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(model_loader, "_cpu_flags", lambda: flags)
+    assert model_loader.cpu_has_amx() is amx
+    assert model_loader.cpu_has_native_bf16() is native_bf16
+
+
 def test_unknown_dtype_is_refused() -> None:
     with pytest.raises(ValueError, match="dtype must be"):
         resolve_dtype("int8", "cpu")

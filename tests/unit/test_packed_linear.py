@@ -1,6 +1,7 @@
 """Linear layers packed for oneDNN compute what the loaded model computes: same logits (within
 rounding), the same greedy tokens through `generate` and through the engine; the engine packs
-only where it was measured to pay (CPU: bfloat16 with native support, float32 on AVX2), and a
+only where it was measured to pay (CPU: bfloat16 with native support, float32 on AVX2 and on
+AVX-512 without AMX), and a
 tied output projection leaves the embedding it shares untouched."""
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_the_engine_packs_float32_on_avx2_and_streams_what_it_streams_unpacked(
     tiny_model_dir, monkeypatch
 ) -> None:
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: False)
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
     (packed, packed_model), (plain, plain_model) = texts_with_and_without(
         model, tokenizer, monkeypatch, "should_pack", lambda *args: False
@@ -79,10 +81,9 @@ def test_the_engine_packs_float32_on_avx2_and_streams_what_it_streams_unpacked(
     assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
 
 
-def test_the_engine_leaves_float32_on_the_blas_of_an_avx512_cpu(
-    tiny_model_dir, monkeypatch
-) -> None:
+def test_the_engine_leaves_float32_on_the_blas_of_an_amx_cpu(tiny_model_dir, monkeypatch) -> None:
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: True)
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
     assert all(len(text) > 0 for text in engine_texts(model, tokenizer).values())
     assert type(model.lm_head) is nn.Linear
@@ -108,9 +109,16 @@ def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
     assert should_pack(CPU, torch.bfloat16)
     assert not should_pack(CUDA, torch.bfloat16), "CUDA takes its weights as they are"
     assert not should_pack(CPU, torch.float16)
-    for capability, packs in (("AVX2", True), ("AVX512", False), ("AMX", False), ("NO AVX", False)):
+    cases = [  # (torch's CPU capability, AMX tiles, float32 packs)
+        ("AVX2", False, True),
+        ("AVX512", False, True),
+        ("AVX512", True, False),
+        ("NO AVX", False, False),
+    ]
+    for capability, amx, packs in cases:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        assert should_pack(CPU, torch.float32) is packs, capability
+        monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda a=amx: a)
+        assert should_pack(CPU, torch.float32) is packs, (capability, amx)
     assert not should_pack(CUDA, torch.float32)
     monkeypatch.setattr(packed_linear, "_kernels_available", lambda: False)
     assert not should_pack(CPU, torch.bfloat16), "a torch without oneDNN runs as loaded"
