@@ -10,10 +10,11 @@ blocks usually come straight back from the prefix cache).
 
 Decodes always go first. With a step-time target (`StepBudget`, step_time.py), prefill gets only
 the tokens that still fit under the target after the decodes, so a long prompt is split into
-chunks small enough that the running sequences keep their token cadence; without one, prefill
-takes whatever the fixed token budget leaves. Optional work (speculative drafts) is added after
-the schedule and gets only `spare_tokens`: what is still left under the target after the decodes
-and prefill, so a step with drafts runs no longer than one without.
+chunks small enough that the running sequences keep their token cadence (the cadence of those
+already streaming: while no decode has settled, a burst of prompts takes the fixed budget);
+without one, prefill takes whatever the fixed token budget leaves. Optional work (speculative
+drafts) is added after the schedule and gets only `spare_tokens`: what is still left under the
+target after the decodes and prefill, so a step with drafts runs no longer than one without.
 
 The scheduler owns the block manager: the engine asks it to admit, fork and release sequences
 and to record what a step computed, and never touches blocks itself (nano-vllm's split).
