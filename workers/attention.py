@@ -73,6 +73,9 @@ class PagedBatch:
     row_values: torch.Tensor | None = None
     row_index: torch.Tensor | None = None  # [num_decode] each decode's row; None: row i is decode i
     row_writes: torch.Tensor | None = None  # [num_decode * kv_heads] where each new K/V row goes
+    # (start, stop, reach): runs of rows attended together, each over its first `reach`
+    # positions (decode_rows.row_runs); decode_bias is then [rows in use, 1, 1, longest reach]
+    row_runs: list[tuple[int, int, int]] = field(default_factory=list)
     prefills: list[PrefillSpan] = field(default_factory=list)
     spans: SpanGroup | None = None
 
@@ -120,8 +123,9 @@ def _decode_from_rows(
 ) -> torch.Tensor:
     """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
 
-    The new K/V joins each row first; rows 0..R-1 are then read in place ([R, KV, capacity, D] is
-    contiguous, so the batched matmuls need no gathering copy). Each query goes to its
+    The new K/V joins each row first; rows 0..R-1 are then read in place, run by run, each run
+    only as far as its longest row (the batched matmuls take the slices' strides: no gathering
+    copy). Each query goes to its
     sequence's row; a row whose sequence does not decode this step (it runs a chunk, or the row
     is free) gets a zero query and its output is dropped.
     """
@@ -136,7 +140,15 @@ def _decode_from_rows(
     q = q.to(rows_k.dtype)
     if batch.row_index is not None:
         q = q.new_zeros(used, *q.shape[1:]).index_copy_(0, batch.row_index, q)
-    o = _decode_attention(q, rows_k[:used], rows_v[:used], batch.decode_bias, scale)
+    bias, runs = batch.decode_bias, batch.row_runs
+    if len(runs) == 1:
+        _, _, reach = runs[0]
+        o = _decode_attention(q, rows_k[:used, :, :reach], rows_v[:used, :, :reach], bias, scale)
+    else:  # NOTE: slices of rows and positions are views: no copy (the matmuls take strides)
+        o = torch.empty_like(q)
+        for a, b, reach in runs:
+            k, v = rows_k[a:b, :, :reach], rows_v[a:b, :, :reach]
+            o[a:b] = _decode_attention(q[a:b], k, v, bias[a:b, :, :, :reach], scale)
     if batch.row_index is not None:
         o = o.index_select(0, batch.row_index)
     return o.reshape(nd, heads, head_dim).to(query.dtype)

@@ -1,6 +1,7 @@
 """The persistent decode rows: decoding over them streams exactly what gathering blocks streams,
-through joins, departures and preemption; a steady decode copies each sequence in once; a batch
-that would outgrow the paged cache falls back to gathering."""
+through joins, departures and preemption, read in one run of rows or several; a steady decode
+copies each sequence in once; a batch that would outgrow the paged cache falls back to
+gathering."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import torch
 
 from tests.support.model_equivalence import stream_texts as stream
-from workers.decode_rows import DecodeRows, RowArena
+from workers.decode_rows import MAX_ROW_RUNS, DecodeRows, RowArena, row_runs
 from workers.engine import Engine
 from workers.kv_cache import CacheShape, KVCache
 
@@ -150,3 +151,45 @@ def test_rows_on_cpu_are_float32_only_where_bfloat16_is_emulated(monkeypatch) ->
     monkeypatch.setattr("workers.decode_rows.cpu_has_native_bf16", lambda: True)
     assert rows(torch.bfloat16) == torch.bfloat16
     assert rows(torch.float32) == torch.float32
+
+
+def test_row_runs_split_only_where_reading_fewer_positions_pays() -> None:
+    lengths = [100, 100, 90, 90, 12, 10, 10, 9]
+    assert row_runs(lengths, None) == [(0, 8, 100)]  # an accelerator: one run
+    assert row_runs(lengths, 10_000) == [(0, 8, 100)]  # a run costs more than it saves
+    # 800 positions in one run, 4 * 100 + 4 * 12 = 448 in two, 3 or 4 runs save too little more
+    assert row_runs(lengths, 100) == [(0, 4, 100), (4, 8, 12)]
+    # free runs: as many as allowed, contiguous, covering every row, each up to its longest
+    runs = row_runs([5 * i for i in range(40, 0, -1)], 0)
+    assert len(runs) == MAX_ROW_RUNS
+    assert [a for a, _, _ in runs] == [0, *[b for _, b, _ in runs[:-1]]] and runs[-1][1] == 40
+    assert all(reach == 5 * (40 - a) for a, _, reach in runs)
+    assert row_runs([7], 0) == [(0, 1, 7)]
+
+
+def test_a_wave_takes_its_rows_longest_first_and_runs_of_rows_stream_what_one_run_streams(
+    tiny, monkeypatch
+) -> None:
+    """Rows laid out longest first make runs of near lengths; attending run by run, each only up
+    to its own longest row, must stream what gathering blocks streams."""
+    model, tokenizer = tiny
+    all_ids = prompts(tokenizer, [3, 40, 9, 25, 1, 33], seed=11)
+    settings = dict(max_num_seqs=6, num_kv_blocks=96, block_size=8, speculative="off")
+    engine = Engine(model, tokenizer, **settings)
+    engine.runner.run_cost = 0  # every split that reads fewer positions is taken
+    split: list[list[tuple[int, int, int]]] = []
+    runs_of = row_runs
+
+    def watched(lengths, run_cost):
+        split.append(runs_of(lengths, run_cost))
+        if len(split) == 1:  # the wave's first decode step: the rows as the wave took them
+            held = engine.runner.rows.lengths
+            assert held == sorted(held, reverse=True), held
+        return split[-1]
+
+    monkeypatch.setattr("workers.model_runner.row_runs", watched)
+    texts = stream(engine, all_ids, [24, 30, 12, 24, 30, 18])
+    assert max(len(runs) for runs in split) > 1
+    assert any(reach < runs[0][2] for runs in split for _, _, reach in runs)
+    gathering(monkeypatch)
+    assert stream(Engine(model, tokenizer, **settings), all_ids, [24, 30, 12, 24, 30, 18]) == texts
