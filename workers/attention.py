@@ -125,9 +125,8 @@ def _decode_from_rows(
 
     The new K/V joins each row first; rows 0..R-1 are then read in place, run by run, each run
     only as far as its longest row (the batched matmuls take the slices' strides: no gathering
-    copy). Each query goes to its
-    sequence's row; a row whose sequence does not decode this step (it runs a chunk, or the row
-    is free) gets a zero query and its output is dropped.
+    copy). Each query goes to its sequence's row; a row whose sequence does not decode this step
+    (it runs a chunk, or the row is free) gets a zero query and its output is dropped.
     """
     nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
     kv_heads, used = key.shape[1], batch.decode_bias.shape[0]

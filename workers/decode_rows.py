@@ -49,9 +49,7 @@ from workers.request import SequenceState
 # a block, a copy every 16 tokens that showed as the ITL tail; a quarter of headroom (at least a
 # block) makes growth geometric: a row set that grows to n positions is copied O(log n) times.
 HEADROOM = 4  # capacity = need + need / HEADROOM
-
-
-MAX_ROW_RUNS = 4
+MAX_ROW_RUNS = 4  # the most runs of rows a step's decode attention is split into (`row_runs`)
 
 
 def _round_up(value: int, step: int) -> int:
