@@ -91,6 +91,9 @@ class Engine:
         device = next(model.parameters()).device
         self.cache = KVCache(shape, num_kv_blocks, block_size, device)
         blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
+        # NOTE: a prompt moves at least a block a step. Where a token costs a lot (float32 on an
+        # AVX2 CPU: ~3 ms) that floor, not the target's share, sizes most chunks; a 4-token floor
+        # took ITL p99/p50 from 2.05 to 1.89 under Poisson arrivals but TTFT up by 40%.
         budget = None if not step_time_target_s else StepBudget(step_time_target_s, block_size)
         self.scheduler = Scheduler(blocks, max_num_seqs, max_num_batched_tokens, budget)
         self.runner = ModelRunner(model, self.cache)
