@@ -10,6 +10,7 @@ cache directory; later starts load that folder in about two seconds. The convers
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
@@ -144,17 +145,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read).
+    Read once: the dtype, packing and decode-row choices each ask, for every engine built."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.split(":", 1)[1].split())
-    return flags
+    return frozenset(flags)
 
 
 def cpu_has_amx() -> bool:
