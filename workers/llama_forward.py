@@ -6,9 +6,9 @@ transformers, each of the ~30 layers goes through a dozen module calls, keyword-
 decorators and output-capture wrappers, an 8-op RMSNorm twice, and rotary embeddings applied to q
 and k apart; all of it is per-step host time (and, on a GPU, kernel launches) that does no
 arithmetic the step needs. Here a layer is one function over the layer's own weights:
-`F.rms_norm` (one call), one fused q/k/v GEMM, rotary on q and k together, the paged attention,
-o_proj and the residual, one fused gate/up GEMM, SiLU, down and the residual. The final norm
-runs only on the rows that sample.
+an RMSNorm of one call (`F.rms_norm`, in float32), one fused q/k/v GEMM, rotary on q and k
+together, the paged attention, o_proj and the residual, one fused gate/up GEMM, SiLU, down and
+the residual. The final norm runs only on the rows that sample.
 
 The operations are transformers' own, in its order, so float32 logits are bitwise the same (the
 tests compare them); the rotary tables come from the model's own rotary module, so every RoPE
@@ -61,6 +61,22 @@ def lean_forward(model: nn.Module) -> Forward | None:
     return _LlamaForward(model)
 
 
+def llama_rms_norm(
+    x: torch.Tensor, shape: tuple[int], weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """transformers' `LlamaRMSNorm`: normalised in float32, rounded to x's dtype, then scaled.
+
+    NOTE: `F.rms_norm` on bfloat16 scales before it rounds (one rounding where transformers has
+    two). One bf16 ulp per value, but the default model's residual stream reaches ~25,000 and it
+    is tuned to transformers' arithmetic: through the engine it answered "What is the capital of
+    France?" with "L'Étoile, la Marseillaise," where transformers says Paris. float32 is one call
+    (bitwise the same there).
+    """
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, shape, weight, eps)
+    return weight * F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' `apply_rotary_pos_emb` for one tensor: x * cos + rotate_half(x) * sin."""
     half = x.shape[-1] // 2
@@ -92,7 +108,7 @@ class _LlamaForward:
         for layer in self.layers:
             hidden = self._layer(layer, hidden, cos, sin, batch)
         last = hidden[0].index_select(0, keep)
-        last = F.rms_norm(last, self.hidden, self.norm.weight, self.norm.variance_epsilon)
+        last = llama_rms_norm(last, self.hidden, self.norm.weight, self.norm.variance_epsilon)
         return self.lm_head(last)
 
     def _layer(
@@ -105,7 +121,7 @@ class _LlamaForward:
     ) -> torch.Tensor:
         attention, mlp = layer.self_attn, layer.mlp
         norm = layer.input_layernorm
-        x = F.rms_norm(hidden, self.hidden, norm.weight, norm.variance_epsilon)
+        x = llama_rms_norm(hidden, self.hidden, norm.weight, norm.variance_epsilon)
         tokens = x.shape[1]
         qkv = attention.qkv_proj(x)
         qk = _rotate(qkv[..., : self.qk_width].view(1, tokens, -1, self.head_dim), cos, sin)
@@ -121,6 +137,6 @@ class _LlamaForward:
         )
         hidden = hidden + attention.o_proj(out.view(1, tokens, -1))
         norm = layer.post_attention_layernorm
-        x = F.rms_norm(hidden, self.hidden, norm.weight, norm.variance_epsilon)
+        x = llama_rms_norm(hidden, self.hidden, norm.weight, norm.variance_epsilon)
         gate, up = mlp.gate_up_proj(x).split(mlp.intermediate_size, dim=-1)
         return hidden + mlp.down_proj(F.silu(gate) * up)
