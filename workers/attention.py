@@ -102,15 +102,16 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor, rows: int, length: int) ->
 def _decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float | None
 ) -> torch.Tensor:
-    """Attention for one-token queries: [KV, S, G, D] x [KV, S, L, D] -> [KV, S, G, D].
+    """Attention for a few queries per KV head: [KV, S, G, D] x [KV, S, L, D] -> [KV, S, G, D]
+    (or any batch dims SDPA broadcasts `bias`, in q's dtype, over).
 
-    NOTE: two batched matmuls and a float32 softmax. With only G query rows per KV head, CPU SDPA
-    kernels (built for long query blocks) were 1.5-2.5x slower on this shape in bfloat16.
+    NOTE: one fused SDPA call, which reads K and V where they lie: the decode rows are read as
+    strided views (each run of rows up to its own longest), and two batched matmuls copied such a
+    view in bfloat16 before multiplying (q.kT 190-280 us against 45-60 contiguous on an AMX host).
+    Over 30 layers of 4 runs of rows: 17 against 32 ms at 32 rows (bf16 SDPA against bf16
+    matmuls), 21 against 25 ms in float32.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    scores = scores.float().mul_(scale if scale is not None else q.shape[-1] ** -0.5)
-    scores.add_(bias)
-    return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 def _decode_from_rows(

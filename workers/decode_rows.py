@@ -15,12 +15,13 @@ skips a step, is preempted or comes back with a different length is copied in ag
 never hold more token slots than the paged cache itself; a batch that would need more is served
 by gathering blocks, as before (`arrange` returns None).
 
-NOTE on dtype: on a CPU without native bfloat16 the rows are float32 whatever the cache's
-dtype. Its batched matmuls in bfloat16 (no native bf16 dot on AVX2) ran the decodes' attention
-3-5x slower than in float32, and that attention is most of a step's non-GEMM time at c=64; the
-price is twice the rows' memory in a bfloat16 run. A CPU with native bfloat16 (AVX512-BF16,
-AMX) runs those matmuls 1.25-1.65x faster in bfloat16 than in float32 (64 rows, 48-1024
-positions), so there, as on an accelerator, the rows keep the cache's dtype.
+NOTE on dtype: on CPU the rows are float32 whatever the cache's dtype. Attention reads each run
+of rows only up to its longest (a strided view of the rows), and a bfloat16 batched matmul copies
+such a view before it multiplies, even with native bf16: on an AMX host the q.kT matmul took
+190-280 us against 45-60 contiguous (16 rows x 3 KV heads, 192 of 256 positions), and the
+decodes' attention of a 64-row step 1.6-2.2x float32's. Without native bf16 (AVX2) bfloat16 was
+3-5x slower in any layout. The price is twice the rows' memory in a bfloat16 run. Accelerators
+keep the cache's dtype.
 
 NOTE on memory: growing the rows lays them out anew. On CPU, fresh memory costs a page fault per
 page on first touch: zeroing 150 MB of new pages took 50 ms here, and several times that on a

@@ -34,10 +34,14 @@ CPU_ROW_RUN_COST = 600
 
 
 def span_group(
-    spans: list[tuple[SequenceState, int, int]], block_size: int, group: int, device: Any
+    spans: list[tuple[SequenceState, int, int]],
+    block_size: int,
+    group: int,
+    device: Any,
+    dtype: torch.dtype,
 ) -> SpanGroup:
     """The padded layout of the short chunks `(seq, start in the batch, new tokens)`, for query
-    heads in groups of `group` per KV head."""
+    heads in groups of `group` per KV head; the mask in the queries' `dtype`."""
     bs, count = block_size, len(spans)
     length = max(new for _, _, new in spans)
     width = max(-(-(s.num_computed_tokens + new) // bs) for s, _, new in spans)
@@ -54,7 +58,7 @@ def span_group(
     visible = torch.arange(width * bs, device=device) <= to_device(last, device).view(
         count, length, 1, 1
     )
-    bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device)
     bias = bias.masked_fill_(~visible, float("-inf")).expand(-1, -1, group, -1)
     return SpanGroup(
         count,
@@ -134,7 +138,7 @@ class ModelRunner:
         if rows != list(range(len(lengths))):
             batch.row_index = index
         batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
-        bias = self._length_bias(to_device(lengths, self.device), reach)
+        bias = self._length_bias(to_device(lengths, self.device), reach, self.rows.dtype)
         batch.decode_bias = bias.view(-1, 1, 1, reach)
         return decodes
 
@@ -150,12 +154,13 @@ class ModelRunner:
         )
         context = width * self.block_size
         batch.decode_context = context
-        batch.decode_bias = self._length_bias(lengths, context).view(1, len(decodes), 1, context)
+        bias = self._length_bias(lengths, context, self.dtype)
+        batch.decode_bias = bias.view(1, len(decodes), 1, context)
 
-    def _length_bias(self, lengths: torch.Tensor, context: int) -> torch.Tensor:
-        """[len(lengths), context] float32: 0 where a position is visible, -inf past its end."""
+    def _length_bias(self, lengths: torch.Tensor, context: int, dtype: torch.dtype) -> torch.Tensor:
+        """[len(lengths), context] in `dtype`: 0 where a position is visible, -inf past its end."""
         visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
-        bias = torch.zeros(visible.shape, dtype=torch.float32, device=self.device)
+        bias = torch.zeros(visible.shape, dtype=dtype, device=self.device)
         return bias.masked_fill_(~visible, float("-inf"))
 
     def _prefill_span(self, seq: SequenceState, start: int, new: int) -> PrefillSpan:
@@ -207,7 +212,7 @@ class ModelRunner:
                 samplers.append(seq)  # a draft's verification: a logits row per position
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
         if short:
-            batch.spans = span_group(short, self.block_size, self.group, self.device)
+            batch.spans = span_group(short, self.block_size, self.group, self.device, self.dtype)
         batch.slot_mapping = to_device(slots, self.device)
         input_ids = to_device(ids, self.device).unsqueeze(0)
         position_ids = to_device(positions, self.device).unsqueeze(0)

@@ -35,7 +35,7 @@ def test_a_padded_group_matches_each_chunk_on_its_own() -> None:
     key, value = torch.randn(2, 1, KV_HEADS, start, HEAD_DIM).unbind(0)
     new_slots = [s for (done, new, table) in plans for s in slots_of(table, done, done + new)]
     batch = PagedBatch(cache, torch.tensor(new_slots))
-    batch.spans = span_group(spans, BLOCK, HEADS // KV_HEADS, torch.device("cpu"))
+    batch.spans = span_group(spans, BLOCK, HEADS // KV_HEADS, torch.device("cpu"), torch.float32)
     module = SimpleNamespace(layer_idx=0)
 
     out, _ = paged_attention_forward(module, query, key, value, None, paged_batch=batch)

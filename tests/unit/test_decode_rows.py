@@ -138,8 +138,8 @@ def test_sequences_verifying_drafts_keep_their_rows(tiny) -> None:
 
 
 def test_rows_on_cpu_are_float32_only_where_bfloat16_is_emulated(monkeypatch) -> None:
-    """bfloat16 batched matmuls were 3-5x slower than float32 on a CPU without native bf16, and
-    1.25-1.65x faster with it; float32 caches keep float32 rows either way."""
+    """bfloat16 attention was 3-5x slower than float32 on a CPU without native bf16, and faster
+    with it (SDPA over the rows' strided views); float32 caches keep float32 rows either way."""
 
     def rows(dtype: torch.dtype) -> torch.dtype:
         cache = KVCache(CacheShape(2, 2, 8, dtype), 4, 4, torch.device("cpu"))
