@@ -161,6 +161,11 @@ class SequenceState:
             self._release(released)
         if self.tool_parser is not None:
             self._queue(self.tool_parser.flush())
+        if self.unsent_ids and not self.unsent:
+            # NOTE: the last tokens brought no text (an EOS generated as a token, a stop string's
+            # own tokens): an empty line still carries their count, ids and logprobs, so every
+            # token the usage counts was on a line and `sent` adds up to it.
+            self.unsent.append("")
 
     def _release(self, text: str) -> None:
         if not text:

@@ -93,10 +93,11 @@ class RunPipeline:
         kind = type(event)
         if kind is TextDelta:
             self.builder.add(event)
-            payload = self.renderer.render(event)
             if event.logprobs is None:  # plain text: mergeable for a client that fell behind
-                return (payload, event.text, event.index)
-            return (payload, None, 0)
+                if not event.text:  # tokens without text (an EOS): counted, nothing to show
+                    return None
+                return (self.renderer.render(event), event.text, event.index)
+            return (self.renderer.render(event), None, 0)
         if kind is ToolCallDelta or kind is Finish:
             self.builder.add(event)
             return (self.renderer.render(event), None, 0)

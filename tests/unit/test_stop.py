@@ -134,7 +134,20 @@ def test_stop_token_id_stops_and_its_text_is_not_shown() -> None:
     assert (seq.take_events() or [None])[0].text == "a"
     assert step(seq, 1, CTX) == RequestStatus.FINISHED_STOPPED
     seq.flush_text()
-    assert (seq.take_events() or [None])[0] is None
+    assert seq.take_events() == [TextLine(0, "", 1, ids=[1])]  # counted, its text not shown
+
+
+def test_last_tokens_without_text_still_reach_a_line() -> None:
+    """An EOS generated as a token (ignore_eos) at max_tokens: no text, but counted and sent, so
+    the lines' tokens add up to the usage."""
+    seq = make_sequence(SamplingParams(max_tokens=2, ignore_eos=True))
+    assert step(seq, 0, CTX) is None
+    assert seq.take_events() == [TextLine(0, "a", 1, ids=[0])]
+    assert step(seq, 3, CTX) == RequestStatus.FINISHED_LENGTH  # 3: the EOS, a special token
+    seq.flush_text()
+    assert seq.take_events() == [TextLine(0, "", 1, ids=[3])]
+    seq.flush_text()
+    assert seq.take_events() == []  # nothing twice
 
 
 def test_max_tokens_is_length_after_exactly_that_many() -> None:

@@ -1,0 +1,37 @@
+"""The run pipeline's rendering of tokens that bring no text (docs/worker-api.md): a worker puts
+the tokens that end a choice without text (an EOS, a stop string's own tokens) on a last line of
+empty text; they are counted (the events go on to the run's accounting) but shown as no chunk,
+unless the line carries their logprobs."""
+
+from __future__ import annotations
+
+import orjson
+
+from adapters.events import Accepted, Finish, TextDelta
+from gateway.runs.pipeline import RunPipeline
+
+
+def _deltas(chunks: list) -> list[dict]:
+    return [orjson.loads(payload)["choices"][0]["delta"] for payload, _, _ in chunks]
+
+
+async def test_a_line_of_no_text_is_passed_on_but_shows_no_chunk() -> None:
+    pipeline = RunPipeline("run-1", "m", 0, 1)
+    events = [Accepted(), TextDelta("Hi", tokens=1), TextDelta("", tokens=1), Finish("stop")]
+
+    chunks, passed = await pipeline.feed(events)
+
+    assert _deltas(chunks) == [{"role": "assistant", "content": ""}, {"content": "Hi"}, {}]
+    # the empty line still reaches the accounting: its token is counted as sent
+    assert sum(e.tokens for e in passed if type(e) is TextDelta) == 2
+
+
+async def test_a_line_of_no_text_with_logprobs_is_a_chunk() -> None:
+    pipeline = RunPipeline("run-1", "m", 0, 1)
+    eos = [{"token": "<|im_end|>", "logprob": -0.1, "bytes": [], "top_logprobs": []}]
+    events = [Accepted(), TextDelta("", tokens=1, logprobs=eos), Finish("stop")]
+
+    chunks, _ = await pipeline.feed(events)
+
+    assert _deltas(chunks)[1] == {"content": ""}
+    assert orjson.loads(chunks[1][0])["choices"][0]["logprobs"] == {"content": eos}
