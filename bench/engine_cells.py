@@ -122,7 +122,7 @@ def run_cell(args: argparse.Namespace) -> None:
             continue  # (a) is one at a time; (b) at c=1 is (a) again
         poisson = args.arrivals == "poisson"
         count = args.requests if poisson else math.ceil(max(c, args.requests) / c) * c
-        warm, warm_tokens = warmup_size(c, poisson)
+        warm, warm_tokens = warmup_size(c)
         prompts = (mixed_prompts if poisson else build_prompts)(tokenizer, count + warm)
         prompts, warmup = prompts[:count], prompts[count:]  # warm-up prompts are not reused
         arrivals = plan(prompts, args, args.rate if poisson else None)

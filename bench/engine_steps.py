@@ -196,7 +196,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     model, tokenizer = load_model(resolve_model_path(args.model), args.device, args.dtype)
-    warm, warm_tokens = warmup_size(args.concurrency, poisson=not args.cold)
+    warm, warm_tokens = warmup_size(args.concurrency, burst=not args.cold)
     prompts = mixed_prompts(tokenizer, args.requests + warm)
     prompts, warmup = prompts[: args.requests], prompts[args.requests :]
     row = "d-fixed" if args.step_time_target == 0 else "d"

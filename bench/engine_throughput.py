@@ -13,14 +13,14 @@ Rows, each in its own subprocess per dtype (a fresh interpreter, so memory is th
   (f) row (d) with every request under a JSON-schema constraint (engine_rows.py).
 
 At concurrency c a *wave* is c requests submitted together; a cell runs ceil(max(c, --requests)
-/ c) waves one after another, after an untimed warm-up wave on other prompts. With `--arrivals
-poisson --rate R`, `--requests` requests arrive instead as a Poisson process of R per second,
-every fourth one a long document (400-800 tokens) among the 30-180-token chat prompts, so
-prefill keeps meeting running decodes; c is then the engine's `max_num_seqs`. Every row sees the
-same prompts and arrival times, greedy, and exactly `--max-new-tokens` tokens per request: EOS
-is generated as a token and nothing stops ((a)/(b) unset EOS in the model's generation config,
-(c) eos_token_id=-1, (d) ignore_eos). The last column shows the per-request counts each row
-reported (finish events for (d)).
+/ c) waves one after another, after an untimed warm-up wave of c other prompts, 16 tokens each
+(engine_workload.warmup_size). With `--arrivals poisson --rate R`, `--requests` requests arrive
+instead as a Poisson process of R per second, every fourth one a long document (400-800 tokens)
+among the 30-180-token chat prompts, so prefill keeps meeting running decodes; c is then the
+engine's `max_num_seqs`. Every row sees the same prompts and arrival times, greedy, and exactly
+`--max-new-tokens` tokens per request: EOS is generated as a token and nothing stops ((a)/(b)
+unset EOS in the model's generation config, (c) eos_token_id=-1, (d) ignore_eos). The last
+column shows the per-request counts each row reported (finish events for (d)).
 
 `--cancel-fraction F` has that share of the engine rows' requests cancelled by their client
 after a random number of tokens, `--deadline-fraction F` that share given a deadline of

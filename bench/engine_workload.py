@@ -93,15 +93,16 @@ def mixed_prompts(tokenizer: Any, count: int) -> list[list[int]]:
     return [document_prompt(tokenizer, k) if k % 4 == 3 else chat[k] for k in range(count)]
 
 
-def warmup_size(concurrency: int, poisson: bool) -> tuple[int, int]:
+def warmup_size(concurrency: int, burst: bool = True) -> tuple[int, int]:
     """(requests, new tokens each) of the untimed warm-up before a cell, on prompts of its own.
 
-    NOTE: under Poisson arrivals the warm-up is a burst of `concurrency` mixed prompts, so the
-    engine's memory (the decode rows' arenas) has reached its working size before the clock
-    starts, as a serving worker's has after its first minute. A cold engine's first growths
-    fault in fresh memory, 150-600 ms in one step on a VM whose host has not backed the pages;
-    `engine_steps.py --cold` traces that start."""
-    return (concurrency, 16) if poisson else (min(concurrency, 2), 4)
+    NOTE: the warm-up is a burst of `concurrency` prompts of the cell's kind, so the engine's
+    memory (the decode rows' arenas) has reached its working size before the clock starts, as
+    a serving worker's has after its first minute, and as transformers' paged cache is when its
+    manager starts. A cold engine's first growths fault in fresh memory, 150-600 ms in one step
+    on a VM whose host has not backed the pages: in a wave of 64 that was 0.7-1.2 s of a 6-8 s
+    wave. Without `burst`, two short prompts: `engine_steps.py --cold` traces that start."""
+    return (concurrency, 16) if burst else (min(concurrency, 2), 4)
 
 
 @dataclass(frozen=True, slots=True)
