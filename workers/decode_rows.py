@@ -15,13 +15,12 @@ skips a step, is preempted or comes back with a different length is copied in ag
 never hold more token slots than the paged cache itself; a batch that would need more is served
 by gathering blocks, as before (`arrange` returns None).
 
-NOTE on dtype: on CPU the rows are float32 whatever the cache's dtype. Attention reads each run
-of rows only up to its longest (a strided view of the rows), and a bfloat16 batched matmul copies
-such a view before it multiplies, even with native bf16: on an AMX host the q.kT matmul took
-190-280 us against 45-60 contiguous (16 rows x 3 KV heads, 192 of 256 positions), and the
-decodes' attention of a 64-row step 1.6-2.2x float32's. Without native bf16 (AVX2) bfloat16 was
-3-5x slower in any layout. The price is twice the rows' memory in a bfloat16 run. Accelerators
-keep the cache's dtype.
+NOTE on dtype: on a CPU without native bfloat16 the rows are float32 whatever the cache's
+dtype: bfloat16 attention there (no native bf16 dot on AVX2) ran 3-5x slower than float32, and
+that attention is most of a step's non-GEMM time at c=64; the price is twice the rows' memory in
+a bfloat16 run. A CPU with native bfloat16 (AVX512-BF16, AMX), like an accelerator, keeps the
+cache's dtype: SDPA over a 32-row step's runs (strided views) took 17 ms in bfloat16 against 21
+in float32 on an AMX host (the batched matmuls before it copied the views first and took 32).
 
 NOTE on memory: growing the rows lays them out anew. On CPU, fresh memory costs a page fault per
 page on first touch: zeroing 150 MB of new pages took 50 ms here, and several times that on a
