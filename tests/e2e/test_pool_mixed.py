@@ -52,9 +52,10 @@ def client(gateway: Served) -> OpenAI:
     return OpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0)
 
 
-def stream_on_upstream(gateway: Served, model: str, max_tokens: int):
+def stream_on_upstream(gateway: Served, model: str, max_tokens: int, pause=None):
     """A live stream the pool routed to the upstream member, its first chunk read (streams
-    routed elsewhere are dropped until one is)."""
+    routed elsewhere are dropped until one is). `pause`: a process stopped (SIGSTOP) the moment
+    the stream's first text is read, so the run has sent tokens and cannot end by itself."""
     for i in range(12):
         before = metric(gateway, "sluice_member_requests_total", member=model)
         stream = client(gateway).chat.completions.create(
@@ -66,6 +67,10 @@ def stream_on_upstream(gateway: Served, model: str, max_tokens: int):
         chunks = iter(stream)
         first = next(chunks)
         if metric(gateway, "sluice_member_requests_total", member=model) > before:
+            if pause is not None:
+                while not next(chunks).choices[0].delta.content:
+                    pass
+                pause.send_signal(signal.SIGSTOP)
             return first, chunks
         stream.close()
     raise AssertionError("no stream was routed to the upstream member")
@@ -94,8 +99,13 @@ def test_every_member_serves_and_a_cancel_on_the_upstream_stops_it_there(mixed):
 
 def test_a_run_cut_on_the_upstream_member_ends_worker_failed(mixed):
     gateway, upstream, model = mixed
-    _, chunks = stream_on_upstream(gateway, model, max_tokens=900)
+    # NOTE: the tiny model writes 900 tokens in under a second; a loaded host could let the
+    # upstream finish the run before the kill, so its worker is paused the moment the first
+    # text is read: only the kill can end the run
+    worker = upstream.worker_process()
+    _, chunks = stream_on_upstream(gateway, model, max_tokens=900, pause=worker)
     upstream.proc.send_signal(signal.SIGKILL)
+    worker.send_signal(signal.SIGCONT)  # it ends with its gateway
     with pytest.raises(openai.APIError, match="could not be continued"):
         list(chunks)
     assert metric(gateway, "sluice_run_migrations_total", outcome="not_continuable") == 1
