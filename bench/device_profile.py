@@ -62,15 +62,18 @@ def decoding_engine(model, tokenizer, concurrency: int, max_new: int, **settings
     return engine
 
 
-def profile_steps(engine, steps: int, device: str) -> tuple[list[float], list[float], object]:
-    """Wall and thread-CPU seconds of `steps` steps, and the profiler that watched them."""
+def profile_steps(
+    engine, steps: int, device: str, shapes: bool = False
+) -> tuple[list[float], list[float], object]:
+    """Wall and thread-CPU seconds of `steps` steps, and the profiler that watched them
+    (recording the ops' input shapes when `shapes`)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
     walls, cpus = [], []
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=shapes) as prof:
         for _ in range(steps):
             wall, cpu = time.perf_counter(), time.thread_time()
             engine.step()
@@ -79,8 +82,10 @@ def profile_steps(engine, steps: int, device: str) -> tuple[list[float], list[fl
     return walls, cpus, prof
 
 
-def summarize(walls: list[float], cpus: list[float], prof, steps: int) -> list[str]:
-    events = prof.key_averages()
+def summarize(
+    walls: list[float], cpus: list[float], prof, steps: int, shapes: bool = False
+) -> list[str]:
+    events = prof.key_averages(group_by_input_shape=shapes)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     launches = [e for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel")]
     gpu_ms = sum(e.device_time for e in kernels) / 1000 / steps
@@ -96,7 +101,7 @@ def summarize(walls: list[float], cpus: list[float], prof, steps: int) -> list[s
     for e in top:
         lines.append(
             f"    {e.key[:60]:<60} {e.self_cpu_time_total / 1000 / steps:7.2f}"
-            f"  x{e.count / steps:.0f}"
+            f"  x{e.count / steps:.0f}" + (f"  {e.input_shapes}"[:120] if shapes else "")
         )
     return lines
 
@@ -106,14 +111,19 @@ def main() -> None:
     add_model_arguments(p, device="cuda", dtype="bfloat16")
     p.add_argument("--concurrency", default="1,64")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument(
+        "--shapes",
+        action="store_true",
+        help="rank ops by input shape too (how a copy inside a bf16 batched matmul was found)",
+    )
     args = p.parse_args()
     model, tokenizer = load_model_of(args)
     print(f"device_profile: a bare launch takes {launch_us(args.device):.1f} us on {args.device}")
     for c in (int(x) for x in args.concurrency.split(",")):
         engine = decoding_engine(model, tokenizer, c, max_new=args.steps + 400)
-        walls, cpus, prof = profile_steps(engine, args.steps, args.device)
+        walls, cpus, prof = profile_steps(engine, args.steps, args.device, args.shapes)
         print(f"c={c}, {args.dtype}, {args.steps} decode steps")
-        print("\n".join(summarize(walls, cpus, prof, args.steps)))
+        print("\n".join(summarize(walls, cpus, prof, args.steps, args.shapes)))
 
 
 if __name__ == "__main__":
