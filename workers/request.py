@@ -163,9 +163,11 @@ class SequenceState:
             self._queue(self.tool_parser.flush())
         if self.unsent_ids and not self.unsent:
             # NOTE: the last tokens brought no text (an EOS generated as a token, a stop string's
-            # own tokens): an empty line still carries their count, ids and logprobs, so every
-            # token the usage counts was on a line and `sent` adds up to it.
+            # own tokens): an empty line still carries their count and ids, so every token the
+            # usage counts was on a line and `sent` adds up to it. Their logprobs go the way of
+            # their text: OpenAI's `logprobs.content` lists the message content's tokens.
             self.unsent.append("")
+            self.unsent_logprobs = []
 
     def _release(self, text: str) -> None:
         if not text:

@@ -93,9 +93,9 @@ class RunPipeline:
         kind = type(event)
         if kind is TextDelta:
             self.builder.add(event)
+            if not event.text and not event.logprobs:  # tokens without text (an EOS): counted
+                return None
             if event.logprobs is None:  # plain text: mergeable for a client that fell behind
-                if not event.text:  # tokens without text (an EOS): counted, nothing to show
-                    return None
                 return (self.renderer.render(event), event.text, event.index)
             return (self.renderer.render(event), None, 0)
         if kind is ToolCallDelta or kind is Finish:

@@ -150,6 +150,19 @@ def test_last_tokens_without_text_still_reach_a_line() -> None:
     assert seq.take_events() == []  # nothing twice
 
 
+def test_last_tokens_without_text_keep_no_logprobs() -> None:
+    """OpenAI's `logprobs.content` lists the content's tokens: an EOS that ends the choice is
+    counted on the last line, without a logprob, as its text is not shown."""
+    seq = make_sequence(SamplingParams(max_tokens=5, logprobs=True))
+    seq.append_token(0, {"token": "a"})
+    assert check_stop(seq, 0, CTX) is None
+    assert seq.take_events() == [TextLine(0, "a", 1, [{"token": "a"}], ids=[0])]
+    seq.append_token(3, {"token": "<eos>"})
+    assert check_stop(seq, 3, CTX) == RequestStatus.FINISHED_STOPPED
+    seq.flush_text()
+    assert seq.take_events() == [TextLine(0, "", 1, [], ids=[3])]
+
+
 def test_max_tokens_is_length_after_exactly_that_many() -> None:
     seq = make_sequence(SamplingParams(max_tokens=3))
     assert [step(seq, 0, CTX) for _ in range(3)] == [None, None, RequestStatus.FINISHED_LENGTH]
