@@ -3,15 +3,15 @@
 The model runs one flattened batch per step: every scheduled sequence's new tokens side by side
 in a single row. Each attention layer then (1) writes the new keys and values into their cache
 slots and (2) attends per sequence over that sequence's slots: all single-token decodes together
-in two batched matmuls, padded to the longest context and masked, over their persistent rows
-(decode_rows.py; gathered from blocks when the rows do not hold them); short chunks (draft
-verifications, prompt tails) together, padded into one batched pair of matmuls (`SpanGroup`);
-each long prefill chunk on its own, causal SDPA.
+in one masked SDPA call per run of rows, over their persistent rows (decode_rows.py; gathered
+from blocks, padded to the longest context, when the rows do not hold them); short chunks (draft
+verifications, prompt tails) together, padded into one masked SDPA call (`SpanGroup`); each long
+prefill chunk on its own, causal SDPA.
 
 NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
 `repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
 one KV head: no KV expansion, and one mask row serves them all. The cache is head-major (see
-kv_cache.py), so the batched matmuls run over (KV head, sequence) without a transposing copy.
+kv_cache.py), so the attention runs over (KV head, sequence) without a transposing copy.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class SpanGroup:
 
     NOTE: one call per chunk cost ~10 tensor ops per chunk and layer; with a draft verification
     per sequence at c=64 that loop was the largest share of a step. Padded, the group is one
-    gather and two batched matmuls per layer whatever its size; pad queries are dropped.
+    gather and one SDPA call per layer whatever its size; pad queries are dropped.
     """
 
     count: int
@@ -125,9 +125,9 @@ def _decode_from_rows(
     """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
 
     The new K/V joins each row first; rows 0..R-1 are then read in place, run by run, each run
-    only as far as its longest row (the batched matmuls take the slices' strides: no gathering
-    copy). Each query goes to its sequence's row; a row whose sequence does not decode this step
-    (it runs a chunk, or the row is free) gets a zero query and its output is dropped.
+    only as far as its longest row (SDPA takes the slices' strides: no gathering copy). Each
+    query goes to its sequence's row; a row whose sequence does not decode this step (it runs a
+    chunk, or the row is free) gets a zero query and its output is dropped.
     """
     nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
     kv_heads, used = key.shape[1], batch.decode_bias.shape[0]
@@ -144,7 +144,7 @@ def _decode_from_rows(
     if len(runs) == 1:
         _, _, reach = runs[0]
         o = _decode_attention(q, rows_k[:used, :, :reach], rows_v[:used, :, :reach], bias, scale)
-    else:  # NOTE: slices of rows and positions are views: no copy (the matmuls take strides)
+    else:  # NOTE: slices of rows and positions are views: no copy (SDPA takes their strides)
         o = torch.empty_like(q)
         for a, b, reach in runs:
             k, v = rows_k[a:b, :, :reach], rows_v[a:b, :, :reach]
