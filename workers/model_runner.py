@@ -20,7 +20,12 @@ from workers.host_copy import to_device
 from workers.kv_cache import KVCache
 from workers.llama_forward import lean_forward
 from workers.own_memory import own_weights
-from workers.packed_linear import pack_linears, should_pack
+from workers.packed_linear import (
+    pack_linears,
+    should_pack,
+    should_transpose,
+    transpose_linears,
+)
 from workers.request import SequenceState
 
 # Chunks of up to this many tokens (draft verifications, prompt tails) are attended together
@@ -97,7 +102,9 @@ class ModelRunner:
         fuse_projections(model)
         if should_pack(self.device, self.dtype):
             pack_linears(model)
-        trim_heap()  # the weights fusing and packing replaced
+        elif should_transpose(self.device, self.dtype):
+            transpose_linears(model)
+        trim_heap()  # the weights fusing and packing (or transposing) replaced
         model.set_attn_implementation(ATTENTION_NAME)
         # the engine's own pass where the architecture allows (llama_forward.py), else the model's
         self.lean = lean_forward(model)

@@ -1,8 +1,8 @@
-"""Linear layers packed for oneDNN compute what the loaded model computes: same logits (within
-rounding), the same greedy tokens through `generate` and through the engine; the engine packs
-only where it was measured to pay (CPU: bfloat16 with native support, float32 on AVX2 and on
-AVX-512 without AMX), and a
-tied output projection leaves the embedding it shares untouched."""
+"""Linear layers packed for oneDNN (or, float32 on an AMX CPU, with their weights transposed for
+the BLAS) compute what the loaded model computes: same logits (within rounding), the same greedy
+tokens through `generate` and through the engine; the engine packs only where it was measured to
+pay (CPU: bfloat16 with native support, float32 on AVX2 and on AVX-512 without AMX), transposes
+float32 on AMX, and a tied output projection leaves the embedding it shares untouched."""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ from torch import nn
 from tests.support.model_equivalence import (
     assert_same_greedy,
     assert_same_logits,
-    engine_texts,
     texts_with_and_without,
 )
 from workers import packed_linear
 from workers.fused_layers import fuse_projections
 from workers.model_loader import cpu_has_native_bf16, load_model
-from workers.packed_linear import PackedLinear, pack_linears, should_pack
+from workers.packed_linear import (
+    PackedLinear,
+    TransposedLinear,
+    pack_linears,
+    should_pack,
+    should_transpose,
+    transpose_linears,
+)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -81,13 +87,32 @@ def test_the_engine_packs_float32_on_avx2_and_streams_what_it_streams_unpacked(
     assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
 
 
-def test_the_engine_leaves_float32_on_the_blas_of_an_amx_cpu(tiny_model_dir, monkeypatch) -> None:
+def test_transposed_model_computes_what_the_loaded_model_computes(tiny_model_dir) -> None:
+    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
+    fuse_projections(model)
+    transposed = copy.deepcopy(model)
+    untied_head = model.lm_head.weight is not model.model.embed_tokens.weight
+    assert transpose_linears(transposed) == 4 * model.config.num_hidden_layers + untied_head
+    layer = transposed.model.layers[0]
+    assert isinstance(layer.mlp.gate_up_proj, TransposedLinear)
+    assert layer.mlp.gate_up_proj.weight_t.is_contiguous()
+    assert_same_logits(model, transposed, tokenizer)
+    assert_same_greedy(model, transposed, tokenizer)
+    assert transpose_linears(transposed) == 0, "transposing twice is a no-op"
+
+
+def test_the_engine_transposes_float32_on_an_amx_cpu_and_streams_what_it_streams_as_loaded(
+    tiny_model_dir, monkeypatch
+) -> None:
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: True)
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    assert all(len(text) > 0 for text in engine_texts(model, tokenizer).values())
-    assert type(model.lm_head) is nn.Linear
-    assert type(model.model.layers[0].mlp.gate_up_proj) is nn.Linear
+    (transposed, transposed_model), (plain, plain_model) = texts_with_and_without(
+        model, tokenizer, monkeypatch, "should_transpose", lambda *args: False
+    )
+    assert plain == transposed
+    assert isinstance(transposed_model.model.layers[0].mlp.gate_up_proj, TransposedLinear)
+    assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
 
 
 def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
@@ -102,6 +127,29 @@ def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
     assert model["embed"].weight is embedding.weight
     torch.testing.assert_close(model["embed"].weight, before, rtol=0, atol=0)
     torch.testing.assert_close(model["head"](hidden), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tied_output_projection_is_not_transposed() -> None:
+    embedding = nn.Embedding(32, 8)
+    head = nn.Linear(8, 32, bias=False)
+    head.weight = embedding.weight
+    inner = nn.Linear(8, 8, bias=True)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.inner, self.head = embedding, inner, head
+
+        def get_input_embeddings(self) -> nn.Module:
+            return self.embed
+
+    model = Tied().requires_grad_(False)
+    hidden = torch.randn(3, 8)
+    expected = head(inner(hidden))
+    assert transpose_linears(model) == 1
+    assert model.head is head and model.head.weight is embedding.weight
+    assert isinstance(model.inner, TransposedLinear)
+    torch.testing.assert_close(model.head(model.inner(hidden)), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
@@ -119,6 +167,10 @@ def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda a=amx: a)
         assert should_pack(CPU, torch.float32) is packs, (capability, amx)
+        transposes = amx and not packs
+        assert should_transpose(CPU, torch.float32) is transposes, (capability, amx)
+        assert not should_transpose(CPU, torch.bfloat16), "bfloat16 is packed or left as loaded"
+        assert not should_transpose(CUDA, torch.float32)
     assert not should_pack(CUDA, torch.float32)
     monkeypatch.setattr(packed_linear, "_kernels_available", lambda: False)
     assert not should_pack(CPU, torch.bfloat16), "a torch without oneDNN runs as loaded"
