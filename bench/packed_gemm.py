@@ -1,9 +1,12 @@
-"""One decode step's GEMMs, the BLAS's against oneDNN's packed weights, side by side (CPU).
+"""One decode step's GEMMs in each weight layout the engine uses on CPU, side by side: the BLAS on
+the weight as loaded (x @ W.T), the BLAS on the weight stored transposed (x @ W), and oneDNN's
+packed weights.
 
-The engine packs its linear layers where this pays (workers/packed_linear.py); which CPUs those
-are was read off this table. Shapes are a model's fused projections (q/k/v, o, gate/up, down)
-times its layers, plus the output head, at a few batch sizes (rows); each cell is the best of
-`--repeats` runs of the whole set.
+The engine picks a layout per CPU and dtype (workers/packed_linear.py); which was read off this
+table. Shapes are a model's fused projections (q/k/v, o, gate/up, down), one distinct weight per
+layer, plus the output head, at a few batch sizes (rows); each cell is the best of `--repeats`
+runs of the whole set. NOTE: distinct weights, because a step reads each layer's from memory; one
+weight per shape, reused 30 times, stays in cache and flatters the small shapes.
 
     .venv/bin/python bench/packed_gemm.py --dtype float32,bfloat16
 """
@@ -23,11 +26,12 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workers.model_loader import cpu_has_amx, cpu_has_native_bf16
-from workers.packed_linear import PackedLinear
+from workers.packed_linear import PackedLinear, TransposedLinear
 
 # SmolLM2-135M: hidden 576, 9 query and 3 KV heads of 64, MLP 1536, 30 layers, vocabulary 49152
 HIDDEN, KV, MLP, LAYERS, VOCAB = 576, 192, 1536, 30, 49152
 LAYER_SHAPES = [(HIDDEN, HIDDEN + 2 * KV), (HIDDEN, HIDDEN), (HIDDEN, 2 * MLP), (MLP, HIDDEN)]
+LAYOUTS = ("BLAS", "transposed", "packed")
 
 
 def best_of(fn: Callable[[], None], repeats: int) -> float:
@@ -40,32 +44,39 @@ def best_of(fn: Callable[[], None], repeats: int) -> float:
     return best
 
 
-def step_gemms(dtype: torch.dtype, rows: int, repeats: int) -> tuple[float, float]:
-    """Seconds of one step's GEMMs at `rows` rows: (BLAS, packed)."""
-    shapes = [*LAYER_SHAPES, (HIDDEN, VOCAB)]
-    linears = [nn.Linear(i, o, bias=False).to(dtype).requires_grad_(False) for i, o in shapes]
-    packed = [PackedLinear(linear) for linear in linears]
-    inputs = [torch.randn(rows, i, dtype=dtype) for i, _ in shapes]
-    counts = [LAYERS] * len(LAYER_SHAPES) + [1]
+def step_linears(dtype: torch.dtype) -> list[nn.Linear]:
+    """A step's linear layers in the order it runs them: each layer's four, then the head."""
+    shapes = [shape for _ in range(LAYERS) for shape in LAYER_SHAPES] + [(HIDDEN, VOCAB)]
+    return [nn.Linear(i, o, bias=False).to(dtype).requires_grad_(False) for i, o in shapes]
 
-    def blas() -> None:
-        for linear, x, n in zip(linears, inputs, counts, strict=True):
-            for _ in range(n):
-                F.linear(x, linear.weight)
 
-    def onednn() -> None:
-        for layer, x, n in zip(packed, inputs, counts, strict=True):
-            for _ in range(n):
-                layer(x)
-
+def step_gemms(dtype: torch.dtype, rows_list: list[int], repeats: int) -> dict:
+    """Seconds of one step's GEMMs at each row count, per layout: {(rows, layout): s}."""
+    linears = step_linears(dtype)
+    layouts = {
+        "BLAS": [lambda x, w=linear.weight: F.linear(x, w) for linear in linears],
+        "transposed": [TransposedLinear(linear) for linear in linears],
+        "packed": [PackedLinear(linear) for linear in linears],
+    }
+    out = {}
     with torch.no_grad():
-        return best_of(blas, repeats), best_of(onednn, repeats)
+        for rows in rows_list:
+            inputs = {width: torch.randn(rows, width, dtype=dtype) for width in (HIDDEN, MLP)}
+            xs = [inputs[linear.in_features] for linear in linears]
+            for name in LAYOUTS:
+
+                def run(calls=layouts[name], xs=xs) -> None:
+                    for call, x in zip(calls, xs, strict=True):
+                        call(x)
+
+                out[rows, name] = best_of(run, repeats)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32,bfloat16")
-    parser.add_argument("--rows", default="1,32,64,256")
+    parser.add_argument("--rows", default="1,16,32,64,128,256")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     print(
@@ -73,13 +84,18 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, AMX {cpu_has_amx()}, native bf16 "
         f"{cpu_has_native_bf16()}; {LAYERS} layers x {len(LAYER_SHAPES)} GEMMs + the head"
     )
-    print(f"{'dtype':<10}{'rows':>6}{'BLAS ms':>10}{'packed ms':>11}{'packed / BLAS':>15}")
+    head = f"{'dtype':<10}{'rows':>6}" + "".join(f"{name + ' ms':>15}" for name in LAYOUTS)
+    print(head + f"{'transposed/BLAS':>17}{'packed/BLAS':>13}")
     for name in args.dtype.split(","):
-        dtype = getattr(torch, name)
-        for rows in map(int, args.rows.split(",")):
-            blas, packed = step_gemms(dtype, rows, args.repeats)
-            ratio = packed / blas
-            print(f"{name:<10}{rows:>6}{blas * 1e3:>10.1f}{packed * 1e3:>11.1f}{ratio:>14.2f}x")
+        rows_list = [int(r) for r in args.rows.split(",")]
+        times = step_gemms(getattr(torch, name), rows_list, args.repeats)
+        for rows in rows_list:
+            cells = "".join(f"{times[rows, layout] * 1e3:>15.1f}" for layout in LAYOUTS)
+            blas = times[rows, "BLAS"]
+            ratios = (
+                f"{times[rows, 'transposed'] / blas:>16.2f}x{times[rows, 'packed'] / blas:>12.2f}x"
+            )
+            print(f"{name:<10}{rows:>6}{cells}{ratios}")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,18 @@ AVX-512 CPUs without AMX (on the AMX host the BLAS's own kernels matched it); CU
 GEMMs take the weight as it is).
 
 On the AMX host float32 stays with the BLAS, but with the weight stored transposed (`[in, out]`,
-`TransposedLinear`): the BLAS's x @ W took 0.90-0.93x the time of `F.linear`'s x @ W.T at 40-96
-rows and at 1 row, the same at 16-32, over the default model's 30 layers of distinct weights (as
-a step reads them, from memory rather than cache), and the engine bench read 1.05x, 1.02x and
-1.05x the tokens/s at c=1, 32 and 64 (`--compare`, two repeats taking turns).
+`TransposedLinear`). `bench/packed_gemm.py`, over the default model's 30 layers of distinct
+weights (as a step reads them, from memory rather than cache), float32, against `F.linear`'s
+x @ W.T:
+
+    rows                1     8     16    32    48    64    96    128
+    transposed (x @ W)  0.90  0.84  1.02  1.03  0.89  0.90  0.90  0.96
+    packed (oneDNN)     1.18  0.62  0.77  0.86  0.96  0.95  1.00  1.00
+
+No layout wins everywhere; the transposed one never costs a lone sequence (packed does, 18%),
+and the engine bench read 1.05x, 1.02x and 1.05x the tokens/s at c=1, 32 and 64 with it
+(`--compare`, two repeats taking turns). Holding both layouts and picking per step would double
+the weights' memory.
 
 The packed (or transposed) weight replaces the layer's own; a tied output projection (lm_head
 sharing the embedding's matrix) gets its own packed copy, the embedding keeps the original. A
