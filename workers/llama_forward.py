@@ -14,8 +14,8 @@ The operations are transformers' own, in its order, so float32 logits are bitwis
 tests compare them, bfloat16 too). Where an operation's result is a fresh tensor used once, the
 next one writes into it (`mul_`, `add_`): the same arithmetic with fewer new tensors, which
 mattered because a step's GEMMs stream the weights through the cache and each new tensor came
-back from memory (a norm took ~65 us after a GEMM against 24 alone; bfloat16 steps 1.04-1.09x
-at c=1-32); the rotary tables come from the model's own rotary module, so every RoPE
+back from memory (a norm took ~65 us after a GEMM against 24 alone; bfloat16 engine bench 1.09x
+at c=1, within noise at 32-64); the rotary tables come from the model's own rotary module, so every RoPE
 scaling it supports is supported here. Only models whose every layer is transformers'
 `LlamaDecoderLayer` with the fused attention and MLP (fused_layers.py) and `LlamaRMSNorm`s take
 this path; anything else keeps the module forward. `generate` is untouched either way.
