@@ -62,6 +62,7 @@ def stream_on_upstream(gateway: Served, model: str, max_tokens: int, pause=None)
             model=model,
             messages=[{"role": "user", "content": f"a long story {i}"}],
             max_tokens=max_tokens,
+            temperature=0,  # greedy: a sampled EOS could end the stream before the test acts
             stream=True,
         )
         chunks = iter(stream)
@@ -81,7 +82,10 @@ def test_every_member_serves_and_a_cancel_on_the_upstream_stops_it_there(mixed):
     names = members(gateway)
     for i in range(9):
         answer = client(gateway).chat.completions.create(
-            model=model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=4
+            model=model,
+            messages=[{"role": "user", "content": f"question {i}"}],
+            max_tokens=4,
+            temperature=0,  # greedy: a sampled answer may draw EOS within its 4 tokens
         )
         assert answer.choices[0].finish_reason == "length"
     routed = {n: metric(gateway, "sluice_member_requests_total", member=n) for n in names}

@@ -97,7 +97,9 @@ def test_the_strict_tenant_is_cut_off_and_the_open_one_is_not(served):
     assert whole.choices[0].finish_reason == "content_filter"
     assert not any(ch.isalpha() for ch in whole.choices[0].message.content or "")
 
-    free = open_.chat.completions.create(model=model, messages=PROMPT, max_tokens=24)
+    free = open_.chat.completions.create(  # greedy: the tiny model's EOS is never its argmax
+        model=model, messages=PROMPT, max_tokens=24, temperature=0
+    )
     assert free.choices[0].finish_reason == "length"
     assert any(ch.isalpha() for ch in free.choices[0].message.content)
     assert worker_idle(root)["kv_blocks_used"] == 0
