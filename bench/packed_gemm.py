@@ -86,8 +86,8 @@ def main() -> None:
     )
     head = f"{'dtype':<10}{'rows':>6}" + "".join(f"{name + ' ms':>15}" for name in LAYOUTS)
     print(head + f"{'transposed/BLAS':>17}{'packed/BLAS':>13}")
+    rows_list = [int(r) for r in args.rows.split(",")]
     for name in args.dtype.split(","):
-        rows_list = [int(r) for r in args.rows.split(",")]
         times = step_gemms(getattr(torch, name), rows_list, args.repeats)
         for rows in rows_list:
             cells = "".join(f"{times[rows, layout] * 1e3:>15.1f}" for layout in LAYOUTS)

@@ -11,12 +11,12 @@ together, the paged attention, o_proj and the residual, one fused gate/up GEMM, 
 the residual. The final norm runs only on the rows that sample.
 
 The operations are transformers' own, in its order, so float32 logits are bitwise the same (the
-tests compare them, bfloat16 too). Where an operation's result is a fresh tensor used once, the
-next one writes into it (`mul_`, `add_`): the same arithmetic with fewer new tensors, which
-mattered because a step's GEMMs stream the weights through the cache and each new tensor came
-back from memory (a norm took ~65 us after a GEMM against 24 alone; bfloat16 engine bench 1.09x
-at c=1, within noise at 32-64); the rotary tables come from the model's own rotary module, so every RoPE
-scaling it supports is supported here. Only models whose every layer is transformers'
+tests compare them, bfloat16 too); the rotary tables come from the model's own rotary module, so
+every RoPE scaling it supports is supported here. Where an operation's result is a fresh tensor
+used once, the next one writes into it (`mul_`, `add_`): the same arithmetic with fewer new
+tensors, which matters because a step's GEMMs stream the weights through the cache and each new
+tensor comes back from memory (a norm took ~65 us after a GEMM against 24 alone; bfloat16 engine
+bench 1.09x at c=1, within noise at 32-64). Only models whose every layer is transformers'
 `LlamaDecoderLayer` with the fused attention and MLP (fused_layers.py) and `LlamaRMSNorm`s take
 this path; anything else keeps the module forward. `generate` is untouched either way.
 """

@@ -18,15 +18,19 @@ def replace_modules(
     model: nn.Module, replacements: Mapping[type, Callable[[nn.Module], nn.Module]]
 ) -> int:
     """Replace every submodule whose exact type is a key of `replacements` by what its factory
-    builds from it; returns how many were replaced."""
+    builds from it (a factory may hand the module back: it stays); returns how many were
+    replaced."""
     found = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) in replacements
     ]
-    count = len(found)
+    count = 0
     while found:
         parent, name, child = found.pop()
-        setattr(parent, name, replacements[type(child)](child))
+        new = replacements[type(child)](child)
+        if new is not child:
+            setattr(parent, name, new)
+            count += 1
     return count

@@ -112,28 +112,19 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def should_transpose(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether float32 weights are stored transposed instead (the AMX host's measurement)."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and cpu_has_amx()
-        and not should_pack(device, dtype)
-    )
+    return device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
 
 
 def transpose_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` in `model` but a tied output projection by its transposed
     form, in place; returns how many."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    tied = {id(m) for m in model.modules() if embed is not None and _shares(m, embed)}
+    shared = None if embed is None else embed.weight
 
-    def transposed(linear: nn.Module) -> nn.Module:
-        return linear if id(linear) in tied else TransposedLinear(linear)
+    def transposed(linear: nn.Linear) -> nn.Module:
+        return linear if linear.weight is shared else TransposedLinear(linear)
 
-    return replace_modules(model, {nn.Linear: transposed}) - len(tied)
-
-
-def _shares(module: nn.Module, embed: nn.Module) -> bool:
-    return type(module) is nn.Linear and module.weight is embed.weight
+    return replace_modules(model, {nn.Linear: transposed})
 
 
 def pack_linears(model: nn.Module) -> int:
