@@ -34,9 +34,11 @@ for path in (ROOT, ROOT / "bench"):
 from packed_gemm import best_of  # noqa: E402
 
 from workers.attention import _decode_attention  # noqa: E402
-from workers.decode_rows import HEADROOM  # noqa: E402
+from workers.config import WorkerConfig  # noqa: E402
+from workers.decode_rows import capacity_for  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM = 3, 3, 64  # SmolLM2-135M: 9 query heads over 3 KV heads of 64
+BLOCK_SIZE = WorkerConfig().block_size  # the worker's default
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -58,7 +60,7 @@ class Rows:
     """`layers` layers of `rows` decode rows, each holding `reach` positions."""
 
     def __init__(self, layers: int, rows: int, reach: int, dtype: torch.dtype) -> None:
-        capacity = reach + reach // HEADROOM + 16
+        capacity = capacity_for(reach, BLOCK_SIZE)
         shape = (layers, rows, KV_HEADS, capacity, HEAD_DIM)
         self.keys = torch.randn(shape, dtype=dtype)
         self.values = torch.randn(shape, dtype=dtype)

@@ -56,6 +56,13 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
+def capacity_for(longest: int, block_size: int) -> int:
+    """The positions rows get for sequences of up to `longest`: whole blocks, with a quarter of
+    headroom (at least a block) so that growth is geometric (see HEADROOM)."""
+    need = _round_up(longest, block_size)
+    return _round_up(need + max(block_size, need // HEADROOM), block_size)
+
+
 def row_runs(lengths: list[int], run_cost: int | None) -> list[tuple[int, int, int]]:
     """How the decodes' attention takes rows `0..len(lengths)-1`: as contiguous runs
     `(start, stop, reach)`, each read only up to its longest row's `reach` positions.
@@ -205,7 +212,7 @@ class DecodeRows:
         # and a capacity that followed the step's longest would copy every row back and forth.
         shrink = not self.row_of and need + 4 * bs < capacity
         if need > capacity or shrink or rows * capacity > budget:
-            capacity = min(_round_up(need + max(bs, need // HEADROOM), bs), budget // rows)
+            capacity = min(capacity_for(need, bs), budget // rows)
         count = max(rows, len(self.seqs))
         if count > self.num_rows:
             count = max(count, 2 * self.num_rows)
