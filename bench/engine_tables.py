@@ -22,6 +22,7 @@ ROWS = {
     "c": "transformers CB",
     "d": "sluicegate engine",
     "d-fixed": "engine, no target",
+    "d-sdpa": "engine, SDPA decodes",
     "e": "engine, --compare tree",
     "f": "engine + JSON schema",
 }
@@ -85,6 +86,9 @@ def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
         "engine / engine of --compare": [(by.get(("d", c)), by.get(("e", c))) for c in cols],
         "target / fixed budget (d / d-fixed)": [
             (by.get(("d", c)), by.get(("d-fixed", c))) for c in cols
+        ],
+        "decode kernel / SDPA (d / d-sdpa)": [
+            (by.get(("d", c)), by.get(("d-sdpa", c))) for c in cols
         ],
         "JSON schema / free (f / d)": [(by.get(("f", c)), by.get(("d", c))) for c in cols],
         "transformers CB / generate (a)": [(by.get(("c", c)), base) for c in cols],

@@ -10,6 +10,7 @@ Rows, each in its own subprocess per dtype (a fresh interpreter, so memory is th
       synchronously: requests added as they arrive, `step()` until every one has ended;
       `max_num_seqs` = the concurrency;
   (d-fixed) row (d) without a step-time target: prefill fills the fixed token budget;
+  (d-sdpa) row (d) with the decodes' attention in SDPA over runs of rows, not the CPU kernel;
   (f) row (d) with every request under a JSON-schema constraint (engine_rows.py).
 
 At concurrency c a *wave* is c requests submitted together; a cell runs ceil(max(c, --requests)
@@ -108,7 +109,7 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="c=1,8; 16 tokens; bfloat16; 1 request")
-    p.add_argument("--rows", default="a,b,c,d", help="which rows: a,b,c,d,d-fixed,f")
+    p.add_argument("--rows", default="a,b,c,d", help="which rows: a,b,c,d,d-fixed,d-sdpa,f")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtype", default="bfloat16,float32")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -139,7 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     plain = args.arrivals == "waves" and not (args.cancel_fraction or args.deadline_fraction)
     if not plain and set(args.rows) - set(ENGINE_ROWS):
         p.error(
-            "Poisson arrivals, cancels and deadlines run the engine rows only (d, d-fixed, e, f)"
+            "Poisson arrivals, cancels and deadlines run the engine rows only "
+            "(d, d-fixed, d-sdpa, e, f)"
         )
     if args.cell is None:
         args.dtype = [d for d in args.dtype.split(",") if d]

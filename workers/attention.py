@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from workers.decode_kernel import decode_attention
 from workers.kv_cache import KVCache
 
 ATTENTION_NAME = "sluice_paged"
@@ -76,6 +77,9 @@ class PagedBatch:
     # (start, stop, reach): runs of rows attended together, each over its first `reach`
     # positions (decode_rows.row_runs); decode_bias is then [rows in use, 1, 1, longest reach]
     row_runs: list[tuple[int, int, int]] = field(default_factory=list)
+    # With the CPU kernel (decode_kernel.py): each decode's row length, this step's position
+    # included; row_index then always set, and no bias or runs
+    row_lengths: torch.Tensor | None = None  # [num_decode]
     prefills: list[PrefillSpan] = field(default_factory=list)
     spans: SpanGroup | None = None
 
@@ -124,20 +128,30 @@ def _decode_from_rows(
 ) -> torch.Tensor:
     """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
 
-    The new K/V joins each row first; rows 0..R-1 are then read in place, run by run, each run
-    only as far as its longest row (SDPA takes the slices' strides: no gathering copy). Each
-    query goes to its sequence's row; a row whose sequence does not decode this step (it runs a
-    chunk, or the row is free) gets a zero query and its output is dropped.
+    With the CPU kernel (decode_kernel.py), one call a layer writes each decode's new K/V into
+    its row and reads the row to its own length. Otherwise the new K/V joins each row first,
+    then rows 0..R-1 are read in place, run by run, each run only as far as its longest row
+    (SDPA takes the slices' strides: no gathering copy); each query goes to its sequence's row,
+    and a row whose sequence does not decode this step (it runs a chunk, or the row is free)
+    gets a zero query and its output is dropped.
     """
     nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
-    kv_heads, used = key.shape[1], batch.decode_bias.shape[0]
+    kv_heads = key.shape[1]
     rows_k, rows_v = batch.row_keys[layer], batch.row_values[layer]
-    for rows, new in ((rows_k, key), (rows_v, value)):
-        fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
-        rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh.to(rows.dtype))
     # [H, nd, D] → [KV, G, nd, D] → [nd, KV, G, D], placed at the decodes' rows (in their dtype)
     q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).permute(2, 0, 1, 3)
     q = q.to(rows_k.dtype)
+    if batch.row_lengths is not None:  # [KV, nd, D] → [nd, KV, D]: views, written by the kernel
+        new_k = key[0, :, :nd].transpose(0, 1).to(rows_k.dtype)
+        new_v = value[0, :, :nd].transpose(0, 1).to(rows_v.dtype)
+        scale = head_dim**-0.5 if scale is None else scale
+        index, lengths = batch.row_index, batch.row_lengths
+        o = decode_attention(q, rows_k, rows_v, new_k, new_v, index, lengths, scale)
+        return o.reshape(nd, heads, head_dim).to(query.dtype)
+    for rows, new in ((rows_k, key), (rows_v, value)):
+        fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
+        rows.view(-1, head_dim).index_copy_(0, batch.row_writes, fresh.to(rows.dtype))
+    used = batch.decode_bias.shape[0]
     if batch.row_index is not None:
         q = q.new_zeros(used, *q.shape[1:]).index_copy_(0, batch.row_index, q)
     bias, runs = batch.decode_bias, batch.row_runs

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from workers import decode_kernel
 from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows, row_runs
 from workers.fused_layers import fuse_projections
@@ -86,7 +87,7 @@ def _is_decode(seq: SequenceState, new: int) -> bool:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: KVCache) -> None:
+    def __init__(self, model: Any, cache: KVCache, decode_kernel_ok: bool = True) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
@@ -97,6 +98,13 @@ class ModelRunner:
         config = model.config
         self.group = config.num_attention_heads // (
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        )
+        # the decodes' attention over their rows: the CPU kernel (decode_kernel.py) where it
+        # builds and has the shape's variant; SDPA over runs of rows otherwise
+        self.decode_kernel = (
+            decode_kernel_ok
+            and self.device.type == "cpu"
+            and decode_kernel.supports(self.group, cache.shape.head_dim, self.rows.dtype)
         )
         own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)
@@ -133,19 +141,24 @@ class ModelRunner:
             order = sorted(range(len(rows)), key=rows.__getitem__)
             decodes, rows = [decodes[i] for i in order], [rows[i] for i in order]
         kv_heads, capacity = self.rows.keys.shape[2], self.rows.capacity
-        lengths = [1] * len(self.rows.seqs)  # a row not decoding now: any finite row will do
-        for seq, row in zip(decodes, rows, strict=True):
-            lengths[row] = seq.num_computed_tokens + 1
-        batch.row_runs = row_runs(lengths, self.run_cost)
-        reach = max(lengths)
         index = to_device(rows, self.device)
-        positions = to_device([s.num_computed_tokens for s in decodes], self.device)
+        done = [s.num_computed_tokens for s in decodes]
+        batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
+        if self.decode_kernel:  # it writes each new K/V and reads each row to its length
+            batch.row_index = index
+            batch.row_lengths = to_device([n + 1 for n in done], self.device)
+            return decodes
+        positions = to_device(done, self.device)
         heads = torch.arange(kv_heads, device=self.device)
         writes = (index.unsqueeze(1) * kv_heads + heads) * capacity + positions.unsqueeze(1)
         batch.row_writes = writes.view(-1)
+        lengths = [1] * len(self.rows.seqs)  # a row not decoding now: any finite row will do
+        for length, row in zip(done, rows, strict=True):
+            lengths[row] = length + 1
+        batch.row_runs = row_runs(lengths, self.run_cost)
+        reach = max(lengths)
         if rows != list(range(len(lengths))):
             batch.row_index = index
-        batch.row_keys, batch.row_values = self.rows.keys, self.rows.values
         bias = self._length_bias(to_device(lengths, self.device), reach, self.rows.dtype)
         batch.decode_bias = bias.view(-1, 1, 1, reach)
         return decodes

