@@ -80,6 +80,7 @@ class PagedBatch:
     # With the CPU kernel (decode_kernel.py): each decode's row length, this step's position
     # included; row_index then always set, and no bias or runs
     row_lengths: torch.Tensor | None = None  # [num_decode]
+    kernel_writes: int = 0  # the kernel writes the first this many tokens' K/V into the cache
     prefills: list[PrefillSpan] = field(default_factory=list)
     spans: SpanGroup | None = None
 
@@ -129,11 +130,11 @@ def _decode_from_rows(
     """The decodes' attention over their persistent rows (decode_rows.py) → [nd, H, D].
 
     With the CPU kernel (decode_kernel.py), one call a layer writes each decode's new K/V into
-    its row and reads the row to its own length. Otherwise the new K/V joins each row first,
-    then rows 0..R-1 are read in place, run by run, each run only as far as its longest row
-    (SDPA takes the slices' strides: no gathering copy); each query goes to its sequence's row,
-    and a row whose sequence does not decode this step (it runs a chunk, or the row is free)
-    gets a zero query and its output is dropped.
+    its row and its cache slot, and reads the row to its own length. Otherwise the new K/V joins
+    each row first, then rows 0..R-1 are read in place, run by run, each run only as far as its
+    longest row (SDPA takes the slices' strides: no gathering copy); each query goes to its
+    sequence's row, and a row whose sequence does not decode this step (it runs a chunk, or the
+    row is free) gets a zero query and its output is dropped.
     """
     nd, (_, heads, _, head_dim) = batch.num_decode, query.shape
     kv_heads = key.shape[1]
@@ -142,11 +143,12 @@ def _decode_from_rows(
     q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).permute(2, 0, 1, 3)
     q = q.to(rows_k.dtype)
     if batch.row_lengths is not None:  # [KV, nd, D] → [nd, KV, D]: views, written by the kernel
-        new_k = key[0, :, :nd].transpose(0, 1).to(rows_k.dtype)
-        new_v = value[0, :, :nd].transpose(0, 1).to(rows_v.dtype)
+        new = key[0, :, :nd].transpose(0, 1), value[0, :, :nd].transpose(0, 1)
+        cache = batch.cache.keys[layer], batch.cache.values[layer]
+        slots = batch.slot_mapping[:nd]
         scale = head_dim**-0.5 if scale is None else scale
         index, lengths = batch.row_index, batch.row_lengths
-        o = decode_attention(q, rows_k, rows_v, new_k, new_v, index, lengths, scale)
+        o = decode_attention(q, (rows_k, rows_v), new, index, lengths, cache, slots, scale)
         return o.reshape(nd, heads, head_dim).to(query.dtype)
     for rows, new in ((rows_k, key), (rows_v, value)):
         fresh = new[0, :, :nd].transpose(0, 1).reshape(nd * kv_heads, head_dim)
@@ -212,8 +214,12 @@ def paged_attention_forward(
     _, heads, tokens, head_dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    keys.index_copy_(1, batch.slot_mapping, key[0])
-    values.index_copy_(1, batch.slot_mapping, value[0])
+    if not (written := batch.kernel_writes):
+        keys.index_copy_(1, batch.slot_mapping, key[0])
+        values.index_copy_(1, batch.slot_mapping, value[0])
+    elif written < tokens:  # the decodes' slots are the kernel's to write
+        keys.index_copy_(1, batch.slot_mapping[written:], key[0, :, written:])
+        values.index_copy_(1, batch.slot_mapping[written:], value[0, :, written:])
 
     out = query.new_empty(tokens, heads, head_dim)
     nd = batch.num_decode

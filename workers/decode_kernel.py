@@ -145,19 +145,31 @@ def supports(group: int, head_dim: int, dtype: torch.dtype) -> bool:
 
 def decode_attention(
     q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    new_keys: torch.Tensor,
-    new_values: torch.Tensor,
-    rows: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor],
+    new: tuple[torch.Tensor, torch.Tensor],
+    row_of: torch.Tensor,
     lengths: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    slots: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """[N, KV, G, D] queries over rows [R, KV, C, D]: query n's new K/V ([N, KV, D]) is written
-    at position `lengths[n] - 1` of row `rows[n]`, which is then read to that length →
-    [N, KV, G, D] in q's dtype. One dtype throughout; each row taken by one query at most."""
+    """[N, KV, G, D] queries over rows (keys, values: [R, KV, C, D]): query n's new K/V
+    (`new`: [N, KV, D] each) is written at position `lengths[n] - 1` of row `row_of[n]` and at
+    slot `slots[n]` of the paged cache (`cache`: [KV, S, D] each); then the row is read to that
+    length → [N, KV, G, D] in q's dtype. One dtype throughout; a row for one query at most."""
+    (keys, values), (new_keys, new_values), (cache_keys, cache_values) = rows, new, cache
     return torch.ops.sluice.decode_attention(
-        q, keys, values, new_keys, new_values, rows, lengths, scale
+        q,
+        keys,
+        values,
+        new_keys,
+        new_values,
+        row_of,
+        lengths,
+        cache_keys,
+        cache_values,
+        slots,
+        scale,
     )
 
 

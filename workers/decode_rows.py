@@ -15,12 +15,14 @@ skips a step, is preempted or comes back with a different length is copied in ag
 never hold more token slots than the paged cache itself; a batch that would need more is served
 by gathering blocks, as before (`arrange` returns None).
 
-NOTE on dtype: on a CPU without native bfloat16 the rows are float32 whatever the cache's
-dtype: bfloat16 attention there (no native bf16 dot on AVX2) ran 3-5x slower than float32, and
-that attention is most of a step's non-GEMM time at c=64; the price is twice the rows' memory in
-a bfloat16 run. A CPU with native bfloat16 (AVX512-BF16, AMX), like an accelerator, keeps the
-cache's dtype: SDPA over a 32-row step's runs (strided views) took 17 ms in bfloat16 against 21
-in float32 on an AMX host (the batched matmuls before it copied the views first and took 32).
+NOTE on dtype: with the engine's CPU kernel (decode_kernel.py) the rows keep the cache's dtype
+on any CPU: the kernel widens bfloat16 to float32 as it loads. Without it, on a CPU without
+native bfloat16 the rows are float32 whatever the cache's dtype: bfloat16 attention there (no
+native bf16 dot on AVX2) ran 3-5x slower than float32, and that attention is most of a step's
+non-GEMM time at c=64; the price is twice the rows' memory in a bfloat16 run. A CPU with native
+bfloat16 (AVX512-BF16, AMX), like an accelerator, keeps the cache's dtype: SDPA over a 32-row
+step's runs (strided views) took 17 ms in bfloat16 against 21 in float32 on an AMX host (the
+batched matmuls before it copied the views first and took 32).
 
 NOTE on memory: growing the rows lays them out anew. On CPU, fresh memory costs a page fault per
 page on first touch: zeroing 150 MB of new pages took 50 ms here, and several times that on a
@@ -109,10 +111,13 @@ class RowArena:
 class DecodeRows:
     """Owns the row copies; `arrange` finds (or makes) each of a step's decodes its row."""
 
-    def __init__(self, cache: KVCache) -> None:
+    def __init__(self, cache: KVCache, keep_dtype: bool = False) -> None:
+        """`keep_dtype`: the rows take the cache's dtype on any CPU (the decode kernel reads
+        bfloat16 at float32's speed and writes the cache and the rows in one dtype)."""
         self.cache = cache
         on_cpu = cache.keys.device.type == "cpu"
-        self.dtype = torch.float32 if on_cpu and not cpu_has_native_bf16() else cache.keys.dtype
+        widen = on_cpu and not keep_dtype and not cpu_has_native_bf16()
+        self.dtype = torch.float32 if widen else cache.keys.dtype
         self.keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
         self.values: torch.Tensor | None = None
         self.seqs: list[SequenceState | None] = []  # row i holds seqs[i]'s past (None: free) ...

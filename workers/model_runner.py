@@ -93,7 +93,6 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = cache.shape.dtype
         self.block_size = cache.block_size
-        self.rows = DecodeRows(cache)
         self.run_cost = CPU_ROW_RUN_COST if self.device.type == "cpu" else None
         config = model.config
         self.group = config.num_attention_heads // (
@@ -104,8 +103,9 @@ class ModelRunner:
         self.decode_kernel = (
             decode_kernel_ok
             and self.device.type == "cpu"
-            and decode_kernel.supports(self.group, cache.shape.head_dim, self.rows.dtype)
+            and decode_kernel.supports(self.group, cache.shape.head_dim, self.dtype)
         )
+        self.rows = DecodeRows(cache, keep_dtype=self.decode_kernel)
         own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)
         if should_pack(self.device, self.dtype):
@@ -147,6 +147,7 @@ class ModelRunner:
         if self.decode_kernel:  # it writes each new K/V and reads each row to its length
             batch.row_index = index
             batch.row_lengths = to_device([n + 1 for n in done], self.device)
+            batch.kernel_writes = len(decodes)
             return decodes
         positions = to_device(done, self.device)
         heads = torch.arange(kv_heads, device=self.device)

@@ -50,10 +50,18 @@ def test_each_query_writes_its_k_v_and_reads_its_own_row_to_its_own_length(
     for n, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
         expected_keys[row, :, length - 1] = new_k[n]
         expected_values[row, :, length - 1] = new_v[n]
+    # the paged cache: [KV, slots, D]; each new K/V goes to its slot as well
+    cache = torch.zeros(2, kv_heads, 40, head_dim, dtype=dtype)
+    slots = torch.tensor([7, 0, 39, 12, 25])
     scale = head_dim**-0.5
-    out = decode_kernel.decode_attention(q, keys, values, new_k, new_v, rows, lengths, scale)
+    out = decode_kernel.decode_attention(
+        q, (keys, values), (new_k, new_v), rows, lengths, (cache[0], cache[1]), slots, scale
+    )
     assert out.shape == q.shape and out.dtype == dtype
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    assert torch.equal(cache[0][:, slots].transpose(0, 1), new_k)
+    assert torch.equal(cache[1][:, slots].transpose(0, 1), new_v)
+    assert cache[:, :, [s for s in range(40) if s not in slots.tolist()]].count_nonzero() == 0
     expected = reference(q, expected_keys, expected_values, rows, lengths, scale)
     if dtype == torch.float32:
         torch.testing.assert_close(out, expected, atol=2e-6, rtol=2e-5)
@@ -67,9 +75,12 @@ def test_bad_rows_and_lengths_are_refused_not_read() -> None:
     keys = torch.zeros(3, 1, 8, 16)
     q, new = torch.zeros(2, 1, 2, 16), torch.zeros(2, 1, 16)
 
-    def attend(rows, lengths, q=q, keys=keys, new=new):
-        rows, lengths = torch.tensor(rows), torch.tensor(lengths)
-        return decode_kernel.decode_attention(q, keys, keys, new, new, rows, lengths, 0.25)
+    def attend(rows, lengths, slots=(0, 1), q=q, keys=keys, new=new):
+        rows, lengths, slots = torch.tensor(rows), torch.tensor(lengths), torch.tensor(slots)
+        cache = keys[0]  # [KV, 8 slots, D]
+        return decode_kernel.decode_attention(
+            q, (keys, keys), (new, new), rows, lengths, (cache, cache), slots, 0.25
+        )
 
     with pytest.raises(RuntimeError, match="row out of range"):
         attend([0, 3], [1, 1])
@@ -79,6 +90,8 @@ def test_bad_rows_and_lengths_are_refused_not_read() -> None:
         attend([0, 1], [1, 9])
     with pytest.raises(RuntimeError, match="length beyond the row"):
         attend([0, 1], [0, 1])  # no position for the new K/V
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        attend([0, 1], [1, 1], slots=(0, 8))
     wide = torch.zeros(3, 1, 8, 24)  # a head of 24 values: no compiled variant
     with pytest.raises(RuntimeError, match="no kernel for"):
         attend([0, 1], [1, 1], q=torch.zeros(2, 1, 2, 24), keys=wide, new=torch.zeros(2, 1, 24))

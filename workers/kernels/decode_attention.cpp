@@ -1,6 +1,7 @@
 // The decodes' attention over their persistent rows, on CPU: one query token per sequence, its
 // G query heads per KV head, over the first `lengths[n]` positions of row `rows[n]`, the last of
-// which is this step's K/V (`new_k`, `new_v`), written into the row first.
+// which is this step's K/V (`new_k`, `new_v`), written into the row first, and into the paged
+// cache at slot `slots[n]`.
 //
 // Why not SDPA: a decode has 1-3 queries per KV head and ~100-1,000 positions, where ATen's CPU
 // flash attention spends most of a call on per-block set-up (tiles, packing, buffers) rather
@@ -158,7 +159,8 @@ bool supports(int64_t group, int64_t head_dim) { return pick<float>(group, head_
 
 template <typename T>
 void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& new_k,
-         const at::Tensor& new_v, const int64_t* row_of, const int64_t* length_of, float scale,
+         const at::Tensor& new_v, const int64_t* row_of, const int64_t* length_of,
+         at::Tensor& cache_k, at::Tensor& cache_v, const int64_t* slot_of, float scale,
          at::Tensor& out) {
   const int64_t n = q.size(0), kv_heads = q.size(1), group = q.size(2), dim = q.size(3);
   const T* qp = q.data_ptr<T>();
@@ -166,6 +168,8 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
   T* vp = v.data_ptr<T>();
   const T* nkp = new_k.data_ptr<T>();
   const T* nvp = new_v.data_ptr<T>();
+  T* ckp = cache_k.data_ptr<T>();
+  T* cvp = cache_v.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const AttendFn<T> attend = pick<T>(group, dim);
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
@@ -174,10 +178,16 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
       const int64_t i = item / kv_heads, h = item % kv_heads;
       const int64_t length = length_of[i];
       const int64_t base = row_of[i] * k.stride(0) + h * k.stride(1);
-      // this step's K/V joins the row at its last position, then the row is read
+      // this step's K/V goes to its slot in the paged cache (the truth) and joins the row at
+      // its last position; then the row is read
+      const T* fresh_k = nkp + i * new_k.stride(0) + h * new_k.stride(1);
+      const T* fresh_v = nvp + i * new_v.stride(0) + h * new_v.stride(1);
+      const int64_t slot = h * cache_k.stride(0) + slot_of[i] * cache_k.stride(1);
+      std::copy_n(fresh_k, dim, ckp + slot);
+      std::copy_n(fresh_v, dim, cvp + slot);
       const int64_t last = base + (length - 1) * k.stride(2);
-      std::copy_n(nkp + i * new_k.stride(0) + h * new_k.stride(1), dim, kp + last);
-      std::copy_n(nvp + i * new_v.stride(0) + h * new_v.stride(1), dim, vp + last);
+      std::copy_n(fresh_k, dim, kp + last);
+      std::copy_n(fresh_v, dim, vp + last);
       scores.resize(group * length);
       attend(qp + i * q.stride(0) + h * q.stride(1), q.stride(2), kp + base, vp + base,
              k.stride(2), length, scale, scores.data(), op + (i * kv_heads + h) * group * dim);
@@ -187,28 +197,39 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
 
 at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
                             const at::Tensor& new_k, const at::Tensor& new_v,
-                            const at::Tensor& rows, const at::Tensor& lengths, double scale) {
+                            const at::Tensor& rows, const at::Tensor& lengths,
+                            at::Tensor& cache_k, at::Tensor& cache_v, const at::Tensor& slots,
+                            double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v: [N|R, KV, G|C, D]");
   TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides(), "k and v: one layout");
   const auto dtype = q.scalar_type();
   TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype &&
-                  new_k.scalar_type() == dtype && new_v.scalar_type() == dtype,
-              "q, k, v, new_k, new_v: one dtype");
+                  new_k.scalar_type() == dtype && new_v.scalar_type() == dtype &&
+                  cache_k.scalar_type() == dtype && cache_v.scalar_type() == dtype,
+              "q, k, v, new_k, new_v, cache_k, cache_v: one dtype");
+  TORCH_CHECK(cache_k.dim() == 3 && cache_k.sizes() == cache_v.sizes() &&
+                  cache_k.strides() == cache_v.strides(),
+              "cache_k, cache_v: one layout, [KV, S, D]");
   const int64_t n = q.size(0), kv_heads = q.size(1), group = q.size(2), dim = q.size(3);
   TORCH_CHECK(k.size(1) == kv_heads && k.size(3) == dim, "k: [R, KV, C, D] matching q");
   TORCH_CHECK(new_k.sizes() == at::IntArrayRef({n, kv_heads, dim}) &&
                   new_v.sizes() == new_k.sizes(),
               "new_k, new_v: [N, KV, D]");
+  TORCH_CHECK(cache_k.size(0) == kv_heads && cache_k.size(2) == dim,
+              "cache_k: [KV, S, D] matching q");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && new_k.stride(2) == 1 &&
-                  new_v.stride(2) == 1,
+                  new_v.stride(2) == 1 && cache_k.stride(2) == 1,
               "head_dim must be contiguous");
   TORCH_CHECK(supports(group, dim), "decode_attention: no kernel for ", group,
               " query heads per KV head of ", dim);
-  TORCH_CHECK(rows.numel() == n && lengths.numel() == n, "one row and length per query");
+  TORCH_CHECK(rows.numel() == n && lengths.numel() == n && slots.numel() == n,
+              "one row, length and slot per query");
   const auto rows64 = rows.to(at::kLong).contiguous();
   const auto lengths64 = lengths.to(at::kLong).contiguous();
+  const auto slots64 = slots.to(at::kLong).contiguous();
   const int64_t* row_of = rows64.data_ptr<int64_t>();
   const int64_t* length_of = lengths64.data_ptr<int64_t>();
+  const int64_t* slot_of = slots64.data_ptr<int64_t>();
   const int64_t capacity = k.size(2), num_rows = k.size(0);
   std::vector<bool> taken(num_rows, false);
   for (int64_t i = 0; i < n; ++i) {
@@ -216,18 +237,22 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
     TORCH_CHECK(!taken[row_of[i]], "a row taken by two queries");
     taken[row_of[i]] = true;
     TORCH_CHECK(length_of[i] >= 1 && length_of[i] <= capacity, "length beyond the row");
+    TORCH_CHECK(slot_of[i] >= 0 && slot_of[i] < cache_k.size(1), "slot out of range");
   }
   auto out = at::empty({n, kv_heads, group, dim}, q.options());
   const float fscale = static_cast<float>(scale);
   switch (dtype) {
     case at::kFloat:
-      run<float>(q, k, v, new_k, new_v, row_of, length_of, fscale, out);
+      run<float>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
+                   out);
       break;
     case at::kBFloat16:
-      run<at::BFloat16>(q, k, v, new_k, new_v, row_of, length_of, fscale, out);
+      run<at::BFloat16>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
+                   out);
       break;
     case at::kHalf:
-      run<at::Half>(q, k, v, new_k, new_v, row_of, length_of, fscale, out);
+      run<at::Half>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
+                   out);
       break;
     default:
       TORCH_CHECK(false, "decode_attention: float32, bfloat16 or float16, not ", dtype);
@@ -239,7 +264,8 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
 TORCH_LIBRARY(sluice, m) {
   m.def(
       "decode_attention(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, Tensor new_v,"
-      " Tensor rows, Tensor lengths, float scale) -> Tensor");
+      " Tensor rows, Tensor lengths, Tensor(c!) cache_k, Tensor(d!) cache_v, Tensor slots,"
+      " float scale) -> Tensor");
   m.def("decode_attention_supports(int group, int head_dim) -> bool", &supports);
 }
 
