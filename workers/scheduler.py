@@ -194,7 +194,7 @@ class Scheduler:
         limit = max(0, self.max_num_batched_tokens - step.num_tokens)
         if self.step_budget is None or not step.work:
             return limit
-        return self.step_budget.spare_tokens(step.num_tokens, limit)
+        return self.step_budget.spare_tokens(step.num_tokens, limit, step.decodes)
 
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""

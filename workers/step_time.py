@@ -24,6 +24,12 @@ RECENT_STEPS = 8  # steps whose seconds per token bound the slope (short: a slow
 # still gets this share of the decodes' own time, so queued prompts keep moving and a step with
 # prefill stays within about 1.5x a decode-only step (more while prompts outnumber decodes).
 MIN_PREFILL_SHARE = 0.5
+# A step that carries prefill (or drafts) beside its decodes ends within this many times the
+# decodes' own step time, as well as within the target: a stream's slowest gaps then stay under
+# twice its usual one (ITL p99 <= 2x p50) however fast the decode step is. NOTE: with the 50 ms
+# target alone, a decode step made faster (12.5 ms at c=16 with the CPU decode kernel) left
+# prefill four decode steps' time, and the Poisson bench's ITL p99/p50 went from 1.9 to 4.1.
+ITL_RATIO = 1.8
 TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest recent step
 # NOTE: the cadence the target keeps is that of decodes already streaming. A decode with fewer
 # tokens than this is still coming in with its wave: while every decode is that young, prefill
@@ -91,7 +97,8 @@ class StepTimeModel:
 
 
 class StepBudget:
-    """The prefill tokens a step may add to its decodes and still end within `target_s`."""
+    """The prefill tokens a step may add to its decodes and still end within `target_s`, and
+    within ITL_RATIO times the decodes' own time."""
 
     def __init__(self, target_s: float, floor: int, clock: Clock = time.perf_counter) -> None:
         if not target_s > 0:
@@ -100,6 +107,12 @@ class StepBudget:
         self.floor = max(1, floor)
         self.clock = clock
         self.model = StepTimeModel()
+        # Seconds of a decode-only step (no prefill, no drafts), weighted to the newest: the
+        # cadence streams see. The main fit prices a step's tokens; read at a few decodes it
+        # overstated a decode-only step by half (its line runs through steps with chunks and
+        # drafts, whose attention costs more a token), and a decode-only step hardly grows
+        # with its decodes on a CPU at 1-6 (11-15 ms here); a batch that grows moves it.
+        self.cadence: float | None = None
         self._started: float | None = None
 
     def prefill_tokens(
@@ -125,7 +138,7 @@ class StepBudget:
         if slope is None or decodes_s is None or slope <= 0:
             return limit
         share = MIN_PREFILL_SHARE * max(1.0, prompts / decode_tokens)
-        room = max(self.target_s - decodes_s, share * decodes_s)
+        room = max(self._target(decodes_s) - decodes_s, share * decodes_s)
         # NOTE: a step's cost is not linear in its tokens: a small chunk rides on the decodes'
         # weight reads almost free, a large one pays full compute (CPU, float32: a fit read off
         # 20-40-token chunks priced 254 tokens at 190 ms; they took 500). So a step grows to at
@@ -133,9 +146,10 @@ class StepBudget:
         trusted = TRUST_GROWTH * self.model.largest - decode_tokens
         return max(0, min(limit, max(self.floor, min(int(room / slope), trusted))))
 
-    def spare_tokens(self, step_tokens: int, limit: int) -> int:
-        """Tokens a scheduled step of `step_tokens` may still add (speculative drafts) and end
-        within the target, at most `limit`; all of `limit` before anything was measured.
+    def spare_tokens(self, step_tokens: int, limit: int, decode_tokens: int = 0) -> int:
+        """Tokens a scheduled step of `step_tokens`, `decode_tokens` of them decodes, may still
+        add (speculative drafts) and end within the target, at most `limit`; all of `limit`
+        before anything was measured.
 
         NOTE: unlike prefill there is no floor and no share past the target: this work is
         optional, so a step already at the target gets none."""
@@ -143,7 +157,16 @@ class StepBudget:
         step_s = self.model.predict(step_tokens)
         if slope is None or step_s is None or slope <= 0:
             return limit
-        return max(0, min(limit, int((self.target_s - step_s) / slope)))
+        target = self.target_s
+        if decode_tokens and (decodes_s := self.model.predict(decode_tokens)) is not None:
+            target = self._target(decodes_s)
+        return max(0, min(limit, int((target - step_s) / slope)))
+
+    def _target(self, decodes_s: float) -> float:
+        """The time a step whose decodes take `decodes_s` by the main fit may run to: the
+        target, and ITL_RATIO times a decode-only step as measured (the cadence)."""
+        alone = decodes_s if self.cadence is None else min(decodes_s, self.cadence)
+        return min(self.target_s, ITL_RATIO * alone)
 
     def started(self) -> None:
         """The step's work is decided; its time runs from here."""
@@ -161,5 +184,10 @@ class StepBudget:
         decode-only step where 1.5x was meant. A wave's whole-budget steps are such long GEMMs
         too, and would also widen how far the fit is trusted to grow a step."""
         if self._started is not None and decodes > 0 and shaped:
-            self.model.observe(tokens, self.clock() - self._started)
+            seconds = self.clock() - self._started
+            self.model.observe(tokens, seconds)
+            if tokens == decodes:
+                weight = 1.0 if self.cadence is None else self.model.weight
+                self.cadence = seconds if self.cadence is None else self.cadence
+                self.cadence += weight * (seconds - self.cadence)
         self._started = None

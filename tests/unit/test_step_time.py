@@ -14,7 +14,13 @@ from tests.unit.test_scheduler import make_seq
 from workers.block_manager import BlockManager
 from workers.engine import Engine
 from workers.scheduler import Scheduler
-from workers.step_time import MIN_PREFILL_SHARE, SETTLED_TOKENS, StepBudget, StepTimeModel
+from workers.step_time import (
+    ITL_RATIO,
+    MIN_PREFILL_SHARE,
+    SETTLED_TOKENS,
+    StepBudget,
+    StepTimeModel,
+)
 
 
 class FakeClock:
@@ -89,16 +95,46 @@ def _spare_is_the_fixed_budget(budget: StepBudget) -> None:
 
 def test_the_prefill_budget_shrinks_when_steps_run_long():
     budget = measured_budget(_prefill_is_the_fixed_budget)
-    assert budget.prefill_tokens(8, limit=512) == 32  # (50 - 18) ms at 1 ms a token
+    assert ITL_RATIO * 0.018 < 0.050  # eight decodes take 18 ms: the ITL ratio binds first
+    assert budget.prefill_tokens(8, limit=512) == int((ITL_RATIO - 1) * 18)  # at 1 ms a token
+    budget.target_s = 0.030  # a target below that: the target binds
+    assert budget.prefill_tokens(8, limit=512) == pytest.approx(12, abs=1)  # (30 - 18) ms
+    budget.target_s = 0.050
     allowed = []
     for _ in range(30):  # the machine gets twice as slow per token
         for tokens in (8, 40):
             budget.model.observe(tokens, 0.010 + 0.002 * tokens)
         allowed.append(budget.prefill_tokens(8, limit=512))
-    assert allowed == sorted(allowed, reverse=True)
-    assert allowed[-1] == pytest.approx(12, abs=1)  # (50 - 26) ms at 2 ms a token
-    assert budget.prefill_tokens(8, limit=10) == 10  # never above the fixed budget
+    # eight decodes now take 26 ms, so the ratio allows a longer step, but each prefill token
+    # costs twice as much: fewer tokens: (min(50, 1.8 x 26) - 26) ms at 2 ms a token
+    assert allowed[-1] == pytest.approx((min(50, ITL_RATIO * 26) - 26) / 2, abs=1)
+    assert allowed[-1] < int((ITL_RATIO - 1) * 18)
+    assert budget.prefill_tokens(8, limit=5) == 5  # never above the fixed budget
     assert budget.prefill_tokens(0, limit=512) == 512  # no decode waits: prefill takes it all
+
+
+def test_a_step_with_prefill_stays_within_the_itl_ratio_of_a_decode_only_step_as_measured():
+    """The fit, read at a few decodes, overstates a decode-only step when its line runs through
+    dearer steps (chunks, drafts): the decode-only steps' own time (the cadence) bounds the step
+    instead."""
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+    for _ in range(10):
+        budget.started()
+        clock.now += 0.010
+        budget.ended(4, decodes=4)  # four decodes alone: 10 ms
+    budget.started()
+    clock.now += 0.040
+    budget.ended(24, decodes=4)  # a step with a chunk: not decode-only, the cadence keeps
+    assert budget.cadence == pytest.approx(0.010)
+    for _ in range(40):  # the fit's line: 16 ms + 1 ms a token, so four decodes "take" 20 ms
+        budget.model.observe(8, 0.024)
+        budget.model.observe(24, 0.040)
+    assert budget.model.predict(4) == pytest.approx(0.020, abs=1e-4)
+    # 1.8 x 10 ms leaves no room past the fit's 20 ms: prefill gets its share (half of 20 ms)
+    assert budget.prefill_tokens(4, limit=512) == pytest.approx(10, abs=1)
+    budget.cadence = None  # the fit alone would allow 1.8 x 20 ms: 16 ms of prefill
+    assert budget.prefill_tokens(4, limit=512) == pytest.approx(16, abs=1)
 
 
 def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
@@ -108,7 +144,10 @@ def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
     decodes_s = 0.064  # 64 decodes alone take longer than the target
     share = MIN_PREFILL_SHARE * decodes_s / 0.001
     assert budget.prefill_tokens(64, limit=512) == pytest.approx(share, abs=1)
-    assert budget.prefill_tokens(2, limit=512) == 48  # fewer decodes: the target rules again
+    # fewer decodes: the share no longer rules (2 decodes take 2 ms, and 1.8 x 2 ms bounds
+    # the step), down to the floor: a prompt still moves
+    assert budget.prefill_tokens(2, limit=512) == 4
+    assert budget.prefill_tokens(20, limit=512) == pytest.approx((ITL_RATIO - 1) * 20, abs=1)
 
 
 def test_a_step_grows_only_as_far_as_the_fit_has_been_seen_to_hold():
@@ -186,6 +225,9 @@ def test_optional_tokens_get_only_the_time_left_under_the_target():
     assert budget.spare_tokens(8, limit=10) == 10
     assert budget.spare_tokens(40, limit=100) == 0  # at the target: no floor, no share past it
     assert budget.spare_tokens(64, limit=100) == 0
+    # eight of the step's tokens decodes (18 ms alone): within 1.8 x 18 ms, not 50
+    assert budget.spare_tokens(8, limit=100, decode_tokens=8) == int((ITL_RATIO - 1) * 18)
+    assert budget.spare_tokens(20, limit=100, decode_tokens=8) == 2  # 30 ms of 32.4
 
 
 def test_speculative_drafts_fit_under_the_target_with_the_prefill():
@@ -193,15 +235,17 @@ def test_speculative_drafts_fit_under_the_target_with_the_prefill():
     device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
     sched = make_scheduler(clock, target_s=0.020)
     decoding(sched, device, 4)
-    step = sched.schedule()  # four decodes: 7 ms, so 26 tokens more fit in 20 ms
-    assert step.num_tokens == 4 and sched.spare_tokens(step) == pytest.approx(26, abs=1)
+    step = sched.schedule()  # four decodes: 7 ms; the step may take 1.8 x 7 = 12.6 ms
+    assert step.num_tokens == 4 and sched.spare_tokens(step) == pytest.approx(11, abs=1)
+    assert sched.step_budget.spare_tokens(4, limit=100) == pytest.approx(26, abs=1)  # 20 ms
     sched = make_scheduler(clock, target_s=0.020)  # the same decodes and a long prompt
     decoding(sched, device, 4)
     sched.add(make_seq("long", 300))
     step = sched.schedule()  # prefill takes its chunk, the drafts at most what time is left
     spare = sched.spare_tokens(step)
-    assert 4 < step.num_tokens < 300 and spare < 26
-    assert device.fixed + device.per_token * (step.num_tokens + spare) <= 0.020 * 1.05
+    assert 4 < step.num_tokens < 300 and spare < 11
+    alone = device.fixed + device.per_token * 4
+    assert device.fixed + device.per_token * (step.num_tokens + spare) <= ITL_RATIO * alone * 1.05
     fixed = make_scheduler(clock, target_s=None)
     decoding(fixed, device, 2)
     step = fixed.schedule()
