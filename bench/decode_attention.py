@@ -2,7 +2,8 @@
 side by side.
 
 On CPU the engine attends with its own kernel (workers/decode_kernel.py: one call a layer, each
-row read to its own length, this step's K/V written into the rows by the same call). Where that
+row read to its own length, this step's K/V written into the rows and the paged cache by the
+same call). Where that
 kernel is not built, it attends each run of decode rows with one SDPA call over strided views of
 the rows (workers/attention._decode_attention; each run read only as far as its longest row),
 the form every other column is measured against. The other form is two batched matmuls around a
@@ -51,12 +52,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) 
 
 
 def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The engine's CPU kernel: every row read to `reach`, its last position written first (a
-    decode's new K/V; here the query's first head stands in for it)."""
+    """The engine's CPU kernel: every row read to `reach`, its last position written first, and
+    a cache slot each (a decode's new K/V; here the query's first head stands in for it)."""
     count, reach = q.shape[0], k.shape[2]
     rows, lengths = torch.arange(count), torch.full((count,), reach)
     new = q[:, :, 0]
-    return decode_kernel.decode_attention(q, k, v, new, new, rows, lengths, HEAD_DIM**-0.5)
+    cache = new.new_empty(k.shape[1], count, HEAD_DIM)  # [KV, slots, D]
+    return decode_kernel.decode_attention(
+        q, (k, v), (new, new), rows, lengths, (cache, cache), rows, HEAD_DIM**-0.5
+    )
 
 
 def matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

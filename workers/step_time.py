@@ -30,6 +30,11 @@ MIN_PREFILL_SHARE = 0.5
 # target alone, a decode step made faster (12.5 ms at c=16 with the CPU decode kernel) left
 # prefill four decode steps' time, and the Poisson bench's ITL p99/p50 went from 1.9 to 4.1.
 ITL_RATIO = 1.8
+# ... but never below this: a gap this short is a cadence no client can tell from a steady one
+# (40 tokens/s), and a cap of a few ms (a small model's steps) would make how many tokens a
+# draft gets a matter of timing noise, where a repeated greedy request should stream the same
+# events (the drafts decide how many tokens a step emits together).
+ITL_FLOOR_S = 0.025
 TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest recent step
 # NOTE: the cadence the target keeps is that of decodes already streaming. A decode with fewer
 # tokens than this is still coming in with its wave: while every decode is that young, prefill
@@ -164,9 +169,10 @@ class StepBudget:
 
     def _target(self, decodes_s: float) -> float:
         """The time a step whose decodes take `decodes_s` by the main fit may run to: the
-        target, and ITL_RATIO times a decode-only step as measured (the cadence)."""
+        target, and ITL_RATIO times a decode-only step as measured (the cadence), or
+        ITL_FLOOR_S."""
         alone = decodes_s if self.cadence is None else min(decodes_s, self.cadence)
-        return min(self.target_s, ITL_RATIO * alone)
+        return min(self.target_s, max(ITL_FLOOR_S, ITL_RATIO * alone))
 
     def started(self) -> None:
         """The step's work is decided; its time runs from here."""

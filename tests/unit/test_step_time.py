@@ -15,6 +15,7 @@ from workers.block_manager import BlockManager
 from workers.engine import Engine
 from workers.scheduler import Scheduler
 from workers.step_time import (
+    ITL_FLOOR_S,
     ITL_RATIO,
     MIN_PREFILL_SHARE,
     SETTLED_TOKENS,
@@ -118,23 +119,27 @@ def test_a_step_with_prefill_stays_within_the_itl_ratio_of_a_decode_only_step_as
     dearer steps (chunks, drafts): the decode-only steps' own time (the cadence) bounds the step
     instead."""
     clock = FakeClock()
-    budget = StepBudget(0.050, floor=4, clock=clock)
+    budget = StepBudget(0.100, floor=4, clock=clock)
     for _ in range(10):
         budget.started()
-        clock.now += 0.010
-        budget.ended(4, decodes=4)  # four decodes alone: 10 ms
+        clock.now += 0.022
+        budget.ended(4, decodes=4)  # four decodes alone: 22 ms
     budget.started()
-    clock.now += 0.040
+    clock.now += 0.060
     budget.ended(24, decodes=4)  # a step with a chunk: not decode-only, the cadence keeps
-    assert budget.cadence == pytest.approx(0.010)
-    for _ in range(40):  # the fit's line: 16 ms + 1 ms a token, so four decodes "take" 20 ms
-        budget.model.observe(8, 0.024)
-        budget.model.observe(24, 0.040)
-    assert budget.model.predict(4) == pytest.approx(0.020, abs=1e-4)
-    # 1.8 x 10 ms leaves no room past the fit's 20 ms: prefill gets its share (half of 20 ms)
-    assert budget.prefill_tokens(4, limit=512) == pytest.approx(10, abs=1)
-    budget.cadence = None  # the fit alone would allow 1.8 x 20 ms: 16 ms of prefill
-    assert budget.prefill_tokens(4, limit=512) == pytest.approx(16, abs=1)
+    assert budget.cadence == pytest.approx(0.022)
+    for _ in range(40):  # the fit's line: 20 ms + 1 ms a token, so four decodes "take" 24 ms
+        budget.model.observe(8, 0.028)
+        budget.model.observe(24, 0.044)
+    assert budget.model.predict(4) == pytest.approx(0.024, abs=1e-4)
+    # (1.8 x 22 - 24) ms of prefill at 1 ms a token
+    assert budget.prefill_tokens(4, limit=512) == pytest.approx(ITL_RATIO * 22 - 24, abs=1)
+    budget.cadence = None  # the fit alone would allow 1.8 x 24 ms
+    assert budget.prefill_tokens(4, limit=512) == pytest.approx(ITL_RATIO * 24 - 24, abs=1)
+    budget.cadence = 0.005  # a fast step: the floor (25 ms), not 1.8 x 5 ms, bounds the step;
+    # beyond the fit's 24 ms for the decodes, prefill still gets its share (half of that)
+    assert ITL_FLOOR_S > ITL_RATIO * 0.005
+    assert budget.prefill_tokens(4, limit=512) == pytest.approx(MIN_PREFILL_SHARE * 24, abs=1)
 
 
 def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
@@ -144,9 +149,9 @@ def test_decodes_slower_than_the_target_still_leave_prefill_a_share():
     decodes_s = 0.064  # 64 decodes alone take longer than the target
     share = MIN_PREFILL_SHARE * decodes_s / 0.001
     assert budget.prefill_tokens(64, limit=512) == pytest.approx(share, abs=1)
-    # fewer decodes: the share no longer rules (2 decodes take 2 ms, and 1.8 x 2 ms bounds
-    # the step), down to the floor: a prompt still moves
-    assert budget.prefill_tokens(2, limit=512) == 4
+    # fewer decodes: the share no longer rules; 2 decodes take 2 ms, and a step may take
+    # 1.8 x that but never less than ITL_FLOOR_S (25 ms)
+    assert budget.prefill_tokens(2, limit=512) == pytest.approx(1000 * ITL_FLOOR_S - 2, abs=1)
     assert budget.prefill_tokens(20, limit=512) == pytest.approx((ITL_RATIO - 1) * 20, abs=1)
 
 
@@ -235,17 +240,16 @@ def test_speculative_drafts_fit_under_the_target_with_the_prefill():
     device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
     sched = make_scheduler(clock, target_s=0.020)
     decoding(sched, device, 4)
-    step = sched.schedule()  # four decodes: 7 ms; the step may take 1.8 x 7 = 12.6 ms
-    assert step.num_tokens == 4 and sched.spare_tokens(step) == pytest.approx(11, abs=1)
-    assert sched.step_budget.spare_tokens(4, limit=100) == pytest.approx(26, abs=1)  # 20 ms
+    step = sched.schedule()  # four decodes: 7 ms, so 26 tokens more fit in 20 ms (1.8 x 7 ms
+    # is under ITL_FLOOR_S: the target binds)
+    assert step.num_tokens == 4 and sched.spare_tokens(step) == pytest.approx(26, abs=1)
     sched = make_scheduler(clock, target_s=0.020)  # the same decodes and a long prompt
     decoding(sched, device, 4)
     sched.add(make_seq("long", 300))
     step = sched.schedule()  # prefill takes its chunk, the drafts at most what time is left
     spare = sched.spare_tokens(step)
-    assert 4 < step.num_tokens < 300 and spare < 11
-    alone = device.fixed + device.per_token * 4
-    assert device.fixed + device.per_token * (step.num_tokens + spare) <= ITL_RATIO * alone * 1.05
+    assert 4 < step.num_tokens < 300 and spare < 26
+    assert device.fixed + device.per_token * (step.num_tokens + spare) <= 0.020 * 1.05
     fixed = make_scheduler(clock, target_s=None)
     decoding(fixed, device, 2)
     step = fixed.schedule()
