@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 import torch
 
 from workers import decode_kernel
@@ -28,6 +29,8 @@ from workers.packed_linear import (
     transpose_linears,
 )
 from workers.request import SequenceState
+
+log = structlog.get_logger("sluice.worker.kernel")
 
 # Chunks of up to this many tokens (draft verifications, prompt tails) are attended together
 # (attention.SpanGroup); longer ones each get their own causal SDPA, whose per-chunk cost their
@@ -100,11 +103,16 @@ class ModelRunner:
         )
         # the decodes' attention over their rows: the CPU kernel (decode_kernel.py) where it
         # builds and has the shape's variant; SDPA over runs of rows otherwise
-        self.decode_kernel = (
-            decode_kernel_ok
-            and self.device.type == "cpu"
-            and decode_kernel.supports(self.group, cache.shape.head_dim, self.dtype)
-        )
+        on_cpu = decode_kernel_ok and self.device.type == "cpu"
+        head_dim = cache.shape.head_dim
+        self.decode_kernel = on_cpu and decode_kernel.supports(self.group, head_dim, self.dtype)
+        if on_cpu and not self.decode_kernel and decode_kernel.available():
+            log.info(
+                "decode attention through SDPA: the kernel has no variant for this model",
+                query_heads_per_kv_head=self.group,
+                head_dim=head_dim,
+                dtype=str(self.dtype).removeprefix("torch."),
+            )
         self.rows = DecodeRows(cache, keep_dtype=self.decode_kernel)
         own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)

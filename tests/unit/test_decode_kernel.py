@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import torch
 import torch.nn.functional as F
 
@@ -138,3 +139,15 @@ print(json.dumps({{"kernel": engine.runner.decode_kernel, "texts": texts}}))
     assert all(len(text) > 0 for text in result["texts"].values())
     assert "decode attention kernel unavailable; using SDPA" in done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []  # no library, no temporary left
+
+
+def test_a_shape_without_a_variant_keeps_sdpa_and_says_so(tiny, monkeypatch) -> None:
+    model, tokenizer = tiny
+    monkeypatch.setattr(decode_kernel, "supports", lambda group, head_dim, dtype: False)
+    with structlog.testing.capture_logs() as logs:
+        engine = Engine(model, tokenizer, max_num_seqs=2, num_kv_blocks=32, block_size=8)
+    assert not engine.runner.decode_kernel
+    (said,) = [e for e in logs if "kernel has no variant" in e["event"]]
+    assert (said["query_heads_per_kv_head"], said["head_dim"]) == (2, 16)
+    texts = stream_texts(engine, [[1, 2, 3], [4, 5]], [6, 6])
+    assert all(texts.values())
