@@ -55,8 +55,6 @@ void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, int6
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < CH; ++c)
       query[g][c] = load_float(q + g * q_group_stride + c * kLanes) * Vec(scale);
-  Vec best[G];
-  for (int g = 0; g < G; ++g) best[g] = Vec(-std::numeric_limits<float>::infinity());
   // The rows are cold (a step reads every layer's once) and each (row, head) is a short stream,
   // too short for the hardware prefetcher to get ahead: fetch K a few positions ahead, and this
   // position's V now, so the second pass finds it in cache.
