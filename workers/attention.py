@@ -78,9 +78,9 @@ class PagedBatch:
     # positions (decode_rows.row_runs); decode_bias is then [rows in use, 1, 1, longest reach]
     row_runs: list[tuple[int, int, int]] = field(default_factory=list)
     # With the CPU kernel (decode_kernel.py): each decode's row length, this step's position
-    # included; row_index then always set, and no bias or runs
+    # included; row_index then always set, no bias or runs, and the kernel writes the decodes'
+    # K/V into the cache itself
     row_lengths: torch.Tensor | None = None  # [num_decode]
-    kernel_writes: int = 0  # the kernel writes the first this many tokens' K/V into the cache
     prefills: list[PrefillSpan] = field(default_factory=list)
     spans: SpanGroup | None = None
 
@@ -194,6 +194,66 @@ def _group_attention(
     return o.reshape(count * length, heads, head_dim).index_select(0, group.keep)
 
 
+def _write_cache(
+    batch: PagedBatch,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+) -> None:
+    """The step's new K/V into their cache slots; the decodes' are the kernel's to write when it
+    attends them."""
+    written = batch.num_decode if batch.row_lengths is not None else 0
+    if written < key.shape[2]:
+        slots = batch.slot_mapping[written:]
+        keys.index_copy_(1, slots, key[0, :, written:])
+        values.index_copy_(1, slots, value[0, :, written:])
+
+
+def _decode_from_blocks(
+    batch: PagedBatch,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """The decodes' attention over their gathered blocks (when the rows do not hold them)."""
+    nd, (_, heads, _, head_dim), kv_heads = batch.num_decode, query.shape, keys.shape[0]
+    # [H, nd, D] → [KV, G, nd, D] → [KV, nd, G, D]
+    q = query[0, :, :nd].view(kv_heads, heads // kv_heads, nd, head_dim).transpose(1, 2)
+    bs = batch.cache.block_size
+    k = _gather_blocks(keys, batch.decode_blocks, nd, bs)
+    v = _gather_blocks(values, batch.decode_blocks, nd, bs)
+    o = _decode_attention(q, k, v, batch.decode_bias, scale)  # [KV, nd, G, D]
+    return o.permute(1, 0, 2, 3).reshape(nd, heads, head_dim)
+
+
+def _prefill_attention(
+    span: PrefillSpan,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """One long prefill chunk: causal over its own tokens, or over its gathered context."""
+    s, n = span.start, span.length
+    gqa = query.shape[1] > key.shape[1]
+    q = query[:, :, s : s + n]
+    if span.context_slots is None:
+        k, v, mask = key[:, :, s : s + n], value[:, :, s : s + n], None
+    else:
+        length = span.context_slots.numel()
+        k = _gather(keys, span.context_slots, 1, length).transpose(0, 1)
+        v = _gather(values, span.context_slots, 1, length).transpose(0, 1)
+        mask = span.bias
+    o = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
+    )
+    return o[0].transpose(0, 1)
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -212,51 +272,21 @@ def paged_attention_forward(
     layer = module.layer_idx
     keys, values = batch.cache.keys[layer], batch.cache.values[layer]
     _, heads, tokens, head_dim = query.shape
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
-    if not (written := batch.kernel_writes):
-        keys.index_copy_(1, batch.slot_mapping, key[0])
-        values.index_copy_(1, batch.slot_mapping, value[0])
-    elif written < tokens:  # the decodes' slots are the kernel's to write
-        keys.index_copy_(1, batch.slot_mapping[written:], key[0, :, written:])
-        values.index_copy_(1, batch.slot_mapping[written:], value[0, :, written:])
-
+    _write_cache(batch, keys, values, key, value)
     out = query.new_empty(tokens, heads, head_dim)
     nd = batch.num_decode
     if nd and batch.row_keys is not None:
         out[:nd] = _decode_from_rows(batch, layer, query, key, value, scaling)
     elif nd:
-        # [H, nd, D] → [KV, G, nd, D] → [KV, nd, G, D]
-        q = query[0, :, :nd].view(kv_heads, group, nd, head_dim).transpose(1, 2)
-        bs = batch.cache.block_size
-        k = _gather_blocks(keys, batch.decode_blocks, nd, bs)
-        v = _gather_blocks(values, batch.decode_blocks, nd, bs)
-        o = _decode_attention(q, k, v, batch.decode_bias, scaling)  # [KV, nd, G, D]
-        out[:nd] = o.permute(1, 0, 2, 3).reshape(nd, heads, head_dim)
+        out[:nd] = _decode_from_blocks(batch, keys, values, query, scaling)
     if batch.spans is not None:
         bs = batch.cache.block_size
         o = _group_attention(batch.spans, keys, values, query, bs, scaling)
         out.index_copy_(0, batch.spans.rows, o)
     for span in batch.prefills:
-        s, n = span.start, span.length
-        q = query[:, :, s : s + n]
-        if span.context_slots is None:
-            o = F.scaled_dot_product_attention(
-                q,
-                key[:, :, s : s + n],
-                value[:, :, s : s + n],
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=group > 1,
-            )
-        else:
-            length = span.context_slots.numel()
-            k = _gather(keys, span.context_slots, 1, length).transpose(0, 1)
-            v = _gather(values, span.context_slots, 1, length).transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=span.bias, scale=scaling, enable_gqa=group > 1
-            )
-        out[s : s + n] = o[0].transpose(0, 1)
+        out[span.start : span.start + span.length] = _prefill_attention(
+            span, keys, values, query, key, value, scaling
+        )
     return out.unsqueeze(0), None
 
 

@@ -90,9 +90,10 @@ def _compile_command(output: Path) -> list[str]:
     ]
 
 
-def build() -> Path:
-    """Compile the kernel unless this machine already has it; returns the library's path."""
-    target = library_path()
+def build(target: Path | None = None) -> Path:
+    """Compile the kernel to `target` (default: `library_path()`) unless this machine already
+    has it; returns the library's path."""
+    target = target or library_path()
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -124,9 +125,9 @@ def _load() -> bool:
     if hasattr(torch.ops.sluice, "decode_attention"):
         return True
     try:
-        fresh = not library_path().exists()
-        path = build()
-        torch.ops.load_library(str(path))
+        path = library_path()
+        fresh = not path.exists()
+        torch.ops.load_library(str(build(path)))
     except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
         detail = getattr(exc, "stderr", None) or str(exc)
         log.warning("decode attention kernel unavailable; using SDPA", reason=detail[-500:])

@@ -155,7 +155,6 @@ class ModelRunner:
         if self.decode_kernel:  # it writes each new K/V and reads each row to its length
             batch.row_index = index
             batch.row_lengths = to_device([n + 1 for n in done], self.device)
-            batch.kernel_writes = len(decodes)
             return decodes
         positions = to_device(done, self.device)
         heads = torch.arange(kv_heads, device=self.device)

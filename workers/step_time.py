@@ -193,7 +193,9 @@ class StepBudget:
             seconds = self.clock() - self._started
             self.model.observe(tokens, seconds)
             if tokens == decodes:
-                weight = 1.0 if self.cadence is None else self.model.weight
-                self.cadence = seconds if self.cadence is None else self.cadence
-                self.cadence += weight * (seconds - self.cadence)
+                cadence = self.cadence
+                weight = self.model.weight
+                self.cadence = (
+                    seconds if cadence is None else cadence + weight * (seconds - cadence)
+                )
         self._started = None
