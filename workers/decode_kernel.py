@@ -58,7 +58,16 @@ def library_path() -> Path:
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
     key.update(f"{torch.__version__}|{_capability()}|{sys.platform}".encode())
+    key.update(" ".join(_openmp_flags()).encode())
     return cache_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+
+
+def _openmp_flags() -> list[str]:
+    """`-fopenmp` where torch runs its intra-op threads on OpenMP: ATen's `parallel_for` is a
+    header there (`#pragma omp parallel`), and compiled without the flag the kernel runs on one
+    thread whatever `torch.get_num_threads()` says. The library then needs `libgomp.so.1`, the
+    soname torch's own libgomp has, so the process keeps one OpenMP runtime and one pool."""
+    return ["-fopenmp"] if torch.backends.openmp.is_available() else []
 
 
 def _compile_command(output: Path) -> list[str]:
@@ -79,6 +88,7 @@ def _compile_command(output: Path) -> list[str]:
         f"-DCPU_CAPABILITY={capability}",
         f"-DCPU_CAPABILITY_{capability}",
         *_CAPABILITY_FLAGS.get(capability, []),
+        *_openmp_flags(),
         *includes,
         str(SOURCE),
         "-o",

@@ -151,3 +151,47 @@ def test_a_shape_without_a_variant_keeps_sdpa_and_says_so(tiny, monkeypatch) -> 
     assert (said["query_heads_per_kv_head"], said["head_dim"]) == (2, 16)
     texts = stream_texts(engine, [[1, 2, 3], [4, 5]], [6, 6])
     assert all(texts.values())
+
+
+def test_the_kernel_runs_on_torchs_threads_and_adds_no_openmp_runtime() -> None:
+    """With two intra-op threads, both spend CPU inside the kernel's calls (built without
+    OpenMP, ATen's parallel_for ran them on one thread), and the process still maps one
+    OpenMP runtime: torch's."""
+    program = """
+import json, os, threading, torch
+from workers import decode_kernel
+torch.set_num_threads(2)
+assert decode_kernel.available()
+rows, kv, group, dim, capacity = 64, 3, 3, 64, 512
+keys, values = torch.randn(2, rows, kv, capacity, dim)
+q, new = torch.randn(rows, kv, group, dim), torch.randn(rows, kv, dim)
+index, lengths = torch.arange(rows), torch.full((rows,), capacity)
+cache = torch.zeros(kv, rows, dim)
+def attend():
+    decode_kernel.decode_attention(
+        q, (keys, values), (new, new), index, lengths, (cache, cache), index, 0.125
+    )
+attend()  # the pool starts
+def cpu_ticks():
+    ticks = {}
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        ticks[task] = int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks
+before = cpu_ticks()
+for _ in range(400):
+    attend()
+after = cpu_ticks()
+spent = sorted(after[t] - before.get(t, 0) for t in after)
+with open("/proc/self/maps") as maps:
+    runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+print(json.dumps({"spent": spent, "runtimes": sorted(runtimes)}))
+"""
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    busiest, second = result["spent"][-1], result["spent"][-2]
+    assert busiest >= 20, result  # the loop took at least 0.2 s of CPU: enough to compare
+    assert second >= busiest // 4, result  # a second thread did a real share of the work
+    assert len(result["runtimes"]) == 1, result
