@@ -5,8 +5,9 @@ in a single row. Each attention layer then (1) writes the new keys and values in
 slots and (2) attends per sequence over that sequence's slots: all single-token decodes together
 in one masked SDPA call per run of rows, over their persistent rows (decode_rows.py; gathered
 from blocks, padded to the longest context, when the rows do not hold them); short chunks (draft
-verifications, prompt tails) together, padded into one masked SDPA call (`SpanGroup`); each long
-prefill chunk on its own, causal SDPA.
+verifications, prompt tails) together, padded into one masked SDPA call (`SpanGroup`), or on CPU
+through the kernel over the paged blocks in place (`KernelSpans`); each long prefill chunk on
+its own, causal SDPA.
 
 NOTE on GQA: query heads are grouped per KV head (head h reads KV head h // G, as transformers'
 `repeat_kv` lays them out), so a decode's G query heads ride as G "query positions" against their
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from workers.decode_kernel import decode_attention
+from workers.decode_kernel import decode_attention, span_attention
 from workers.kv_cache import KVCache
 
 ATTENTION_NAME = "sluice_paged"
@@ -59,6 +60,18 @@ class SpanGroup:
 
 
 @dataclass(slots=True)
+class KernelSpans:
+    """Short chunks for the CPU kernel (decode_kernel.span_attention): each real query reads its
+    sequence's blocks in the paged cache in place, to its own length (causal by length); no
+    gathered context, no mask, no padded queries."""
+
+    rows: torch.Tensor  # [real tokens] each query's token in the flattened batch
+    tables: torch.Tensor  # [count, width] each span's block ids (0-padded)
+    spans: torch.Tensor  # [real tokens] each query's span
+    lengths: torch.Tensor  # [real tokens] the positions each query sees, its own included
+
+
+@dataclass(slots=True)
 class PagedBatch:
     """Where this step's tokens go in the cache and what each one attends to (all layers)."""
 
@@ -82,7 +95,7 @@ class PagedBatch:
     # K/V into the cache itself
     row_lengths: torch.Tensor | None = None  # [num_decode]
     prefills: list[PrefillSpan] = field(default_factory=list)
-    spans: SpanGroup | None = None
+    spans: SpanGroup | KernelSpans | None = None
 
 
 def _gather_blocks(
@@ -194,6 +207,27 @@ def _group_attention(
     return o.reshape(count * length, heads, head_dim).index_select(0, group.keep)
 
 
+def _spans_by_kernel(
+    spans: KernelSpans,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    query: torch.Tensor,
+    block_size: int,
+    scale: float | None,
+) -> torch.Tensor:
+    """The short chunks' attention through the CPU kernel → [real tokens, H, D]."""
+    kv_heads, _, head_dim = keys.shape
+    heads = query.shape[1]
+    # [H, R, D] → [R, H, D] → [R, KV, G, D]: head h reads KV head h // G
+    q = query[0].index_select(1, spans.rows).transpose(0, 1)
+    q = q.view(-1, kv_heads, heads // kv_heads, head_dim)
+    scale = head_dim**-0.5 if scale is None else scale
+    o = span_attention(
+        q, (keys, values), spans.tables, spans.spans, spans.lengths, block_size, scale
+    )
+    return o.view(-1, heads, head_dim)
+
+
 def _write_cache(
     batch: PagedBatch,
     keys: torch.Tensor,
@@ -280,9 +314,10 @@ def paged_attention_forward(
     elif nd:
         out[:nd] = _decode_from_blocks(batch, keys, values, query, scaling)
     if batch.spans is not None:
-        bs = batch.cache.block_size
-        o = _group_attention(batch.spans, keys, values, query, bs, scaling)
-        out.index_copy_(0, batch.spans.rows, o)
+        bs, attend = batch.cache.block_size, _group_attention
+        if type(batch.spans) is KernelSpans:
+            attend = _spans_by_kernel
+        out.index_copy_(0, batch.spans.rows, attend(batch.spans, keys, values, query, bs, scaling))
     for span in batch.prefills:
         out[span.start : span.start + span.length] = _prefill_attention(
             span, keys, values, query, key, value, scaling

@@ -184,5 +184,24 @@ def decode_attention(
     )
 
 
+def span_attention(
+    q: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    tables: torch.Tensor,
+    spans: torch.Tensor,
+    lengths: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """[N, KV, G, D] queries, each over the first `lengths[n]` positions of its sequence in the
+    paged cache (`cache`: [KV, S, D] keys, values), found through block table `tables[spans[n]]`
+    ([spans, width] block ids) → [N, KV, G, D] in q's dtype. The queries' own K/V are in the
+    cache already; a chunk is causal by its queries' lengths."""
+    keys, values = cache
+    return torch.ops.sluice.span_attention(
+        q, keys, values, tables, spans, lengths, block_size, scale
+    )
+
+
 if __name__ == "__main__":  # `make install`: build it now so no worker waits on the compiler
     print(f"decode attention kernel: {build()}")

@@ -14,7 +14,7 @@ import structlog
 import torch
 
 from workers import decode_kernel
-from workers.attention import ATTENTION_NAME, PagedBatch, PrefillSpan, SpanGroup
+from workers.attention import ATTENTION_NAME, KernelSpans, PagedBatch, PrefillSpan, SpanGroup
 from workers.decode_rows import DecodeRows, row_runs
 from workers.fused_layers import fuse_projections
 from workers.heap import trim_heap
@@ -36,6 +36,13 @@ log = structlog.get_logger("sluice.worker.kernel")
 # (attention.SpanGroup); longer ones each get their own causal SDPA, whose per-chunk cost their
 # own arithmetic outweighs.
 SHORT_SPAN = 16
+# With the CPU kernel (decode_kernel.span_attention), chunks of up to this many tokens (a draft's
+# verification is at most 7) go through it; longer ones take the per-chunk causal SDPA, whose
+# tiles win once a chunk's queries are many: the kernel reads a chunk's context once per query.
+# 30 layers of bfloat16 SmolLM2 heads, one chunk, kernel / per-chunk SDPA / padded group (ms):
+# 4 new over 160 done 1.7 / 3.4 / 6.7, over 480 3.4 / 6.3 / 12.5; 16 new 4.5 / 3.6 / 11.0 and
+# 9.0 / 6.7 / 12.8; 32 new 8.6 / 3.2 / 9.3.
+KERNEL_SPAN = 8
 # What one more run of decode rows (decode_rows.row_runs) costs on a CPU, in row positions
 # read: its calls per layer take about as long as reading 600 positions (set with two batched
 # matmuls at 8-64 rows of SmolLM2's shapes in float32: 70-100 us a call set, 0.1-0.17 us a
@@ -81,6 +88,28 @@ def span_group(
     )
 
 
+def kernel_spans(
+    spans: list[tuple[SequenceState, int, int]], block_size: int, device: Any
+) -> KernelSpans:
+    """The short chunks `(seq, start in the batch, new tokens)` for the CPU kernel: their block
+    tables, and each query token's place, span and visible length (causal within the chunk)."""
+    width = max(-(-(s.num_computed_tokens + new) // block_size) for s, _, new in spans)
+    rows, tables, span_of, lengths = [], [], [], []
+    for i, (seq, start, new) in enumerate(spans):
+        table = seq.block_table[:width]
+        tables += table + [0] * (width - len(table))
+        done = seq.num_computed_tokens
+        rows += range(start, start + new)
+        span_of += [i] * new
+        lengths += range(done + 1, done + new + 1)
+    return KernelSpans(
+        rows=to_device(rows, device),
+        tables=to_device(tables, device).view(len(spans), width),
+        spans=to_device(span_of, device),
+        lengths=to_device(lengths, device),
+    )
+
+
 def _is_decode(seq: SequenceState, new: int) -> bool:
     """Whether `seq`'s `new` tokens this step are a decode: its one last token, after others.
 
@@ -101,8 +130,9 @@ class ModelRunner:
         self.group = config.num_attention_heads // (
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         )
-        # the decodes' attention over their rows: the CPU kernel (decode_kernel.py) where it
-        # builds and has the shape's variant; SDPA over runs of rows otherwise
+        # the decodes' attention over their rows, and the short chunks' over their blocks: the
+        # CPU kernel (decode_kernel.py) where it builds and has the shape's variant; SDPA
+        # otherwise (runs of rows; a padded, masked group of chunks)
         on_cpu = decode_kernel_ok and self.device.type == "cpu"
         head_dim = cache.shape.head_dim
         self.decode_kernel = on_cpu and decode_kernel.supports(self.group, head_dim, self.dtype)
@@ -114,6 +144,7 @@ class ModelRunner:
                 dtype=str(self.dtype).removeprefix("torch."),
             )
         self.rows = DecodeRows(cache, keep_dtype=self.decode_kernel)
+        self.short_span = KERNEL_SPAN if self.decode_kernel else SHORT_SPAN
         own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)
         if should_pack(self.device, self.dtype):
@@ -233,14 +264,16 @@ class ModelRunner:
             ids += seq.all_ids[done : done + new]
             positions += range(done, done + new)
             slots += self._slots(seq, done, done + new)
-            if new <= SHORT_SPAN:
+            if new <= self.short_span:
                 short.append((seq, start, new))
             else:
                 batch.prefills.append(self._prefill_span(seq, start, new))
             if done + new == len(seq.all_ids):
                 samplers.append(seq)  # a draft's verification: a logits row per position
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
-        if short:
+        if short and self.decode_kernel:
+            batch.spans = kernel_spans(short, self.block_size, self.device)
+        elif short:
             batch.spans = span_group(short, self.block_size, self.group, self.device, self.dtype)
         batch.slot_mapping = to_device(slots, self.device)
         input_ids = to_device(ids, self.device).unsqueeze(0)

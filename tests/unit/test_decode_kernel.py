@@ -101,10 +101,18 @@ def test_bad_rows_and_lengths_are_refused_not_read() -> None:
     assert not decode_kernel.supports(2, 16, torch.float64)
 
 
-def test_the_engine_takes_the_kernel_on_cpu_and_streams_what_sdpa_streams(tiny) -> None:
+@pytest.mark.parametrize("speculative", ["off", "prompt-lookup"])
+def test_the_engine_takes_the_kernel_on_cpu_and_streams_what_sdpa_streams(
+    tiny, speculative, monkeypatch
+) -> None:
+    """Decodes over their rows, and short chunks (short prompts; speculating, the drafts'
+    verifications) over their blocks, through the kernel: the same text as through SDPA."""
     model, tokenizer = tiny
+    spans = []
+    monkeypatch.setattr(decode_kernel, "span_attention", spy(decode_kernel.span_attention, spans))
+    monkeypatch.setattr("workers.attention.span_attention", decode_kernel.span_attention)
     all_ids = [tokenizer.encode("x" * n) or [1] for n in (3, 40, 9, 25, 1, 33)]
-    settings = dict(max_num_seqs=4, num_kv_blocks=96, block_size=8, speculative="off")
+    settings = dict(max_num_seqs=4, num_kv_blocks=96, block_size=8, speculative=speculative)
     lengths = [24, 30, 12, 24, 30, 18]  # requests join and leave the rows as others end
     kernel = Engine(model, tokenizer, **settings)
     assert kernel.runner.decode_kernel
@@ -113,6 +121,15 @@ def test_the_engine_takes_the_kernel_on_cpu_and_streams_what_sdpa_streams(tiny) 
     assert not sdpa.runner.decode_kernel
     assert stream_texts(sdpa, all_ids, lengths) == texts
     assert all(texts.values())
+    assert spans  # short prompts (and, speculating, the drafts' verifications) took the kernel
+
+
+def spy(function, calls: list):
+    def called(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    return called
 
 
 def test_without_a_compiler_the_engine_keeps_sdpa(tiny_model_dir, tmp_path) -> None:
@@ -195,3 +212,56 @@ print(json.dumps({"spent": spent, "runtimes": sorted(runtimes)}))
     assert busiest >= 20, result  # the loop took at least 0.2 s of CPU: enough to compare
     assert second >= busiest // 4, result  # a second thread did a real share of the work
     assert len(result["runtimes"]) == 1, result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_span_queries_read_their_blocks_in_place_to_their_own_lengths(dtype) -> None:
+    """Each query of a short chunk over its sequence's blocks (out of order, a table padded with
+    0s), to its own length: what SDPA gives over the same positions gathered."""
+    gen = torch.Generator().manual_seed(5)
+    kv_heads, group, head_dim, block = 3, 3, 64, 16
+    cache_k, cache_v = torch.randn(2, kv_heads, 40 * block, head_dim, generator=gen).to(dtype)
+    tables = torch.tensor([[5, 9, 2, 30], [7, 1, 0, 0], [12, 0, 0, 0]])
+    spans = torch.tensor([0] * 5 + [1] * 4 + [2])  # a prompt tail, a draft, a lone token
+    lengths = torch.tensor([41, 42, 43, 44, 45, 4, 5, 6, 7, 16])
+    q = torch.randn(len(spans), kv_heads, group, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+    out = decode_kernel.span_attention(q, (cache_k, cache_v), tables, spans, lengths, block, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    for n, (span, length) in enumerate(zip(spans.tolist(), lengths.tolist(), strict=True)):
+        slots = torch.cat([torch.arange(b * block, (b + 1) * block) for b in tables[span]])
+        k, v = cache_k[:, slots[:length]].float(), cache_v[:, slots[:length]].float()
+        expected = F.scaled_dot_product_attention(q[n].float(), k, v, scale=scale)
+        if dtype == torch.float32:
+            torch.testing.assert_close(out[n], expected, atol=2e-6, rtol=2e-5)
+        else:
+            torch.testing.assert_close(out[n].float(), expected, atol=1e-2, rtol=8e-3)
+
+
+def test_span_tables_spans_and_lengths_out_of_range_are_refused() -> None:
+    cache = torch.zeros(1, 32, 16)  # 4 blocks of 8
+    q = torch.zeros(2, 1, 2, 16)
+
+    def attend(tables, spans, lengths, block=8):
+        decode_kernel.span_attention(
+            q,
+            (cache, cache),
+            torch.tensor(tables),
+            torch.tensor(spans),
+            torch.tensor(lengths),
+            block,
+            0.25,
+        )
+
+    attend([[0, 3]], [0, 0], [1, 16])  # the whole of two blocks: fine
+    for tables, spans, lengths, why in [
+        ([[0, 4]], [0, 0], [1, 2], "block id out of range"),
+        ([[0, -1]], [0, 0], [1, 2], "block id out of range"),
+        ([[0, 3]], [0, 1], [1, 2], "span out of range"),
+        ([[0, 3]], [0, 0], [1, 17], "length beyond"),
+        ([[0, 3]], [0, 0], [0, 2], "length beyond"),
+    ]:
+        with pytest.raises(RuntimeError, match=why):
+            attend(tables, spans, lengths)
+    with pytest.raises(RuntimeError, match="whole blocks"):
+        attend([[0, 3]], [0, 0], [1, 2], block=5)

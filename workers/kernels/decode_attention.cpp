@@ -1,7 +1,12 @@
-// The decodes' attention over their persistent rows, on CPU: one query token per sequence, its
-// G query heads per KV head, over the first `lengths[n]` positions of row `rows[n]`, the last of
-// which is this step's K/V (`new_k`, `new_v`), written into the row first, and into the paged
-// cache at slot `slots[n]`.
+// Attention for a few queries per sequence, on CPU, in two ops over one inner loop:
+// - decode_attention: the decodes over their persistent rows: one query token per sequence, its
+//   G query heads per KV head, over the first `lengths[n]` positions of row `rows[n]`, the last
+//   of which is this step's K/V (`new_k`, `new_v`), written into the row first, and into the
+//   paged cache at slot `slots[n]`;
+// - span_attention: the short chunks (draft verifications, prompt tails) over the paged cache in
+//   place: query token n reads the first `lengths[n]` positions of its sequence through block
+//   table `tables[spans[n]]` (causal within a chunk: each query's own length), its chunk's K/V
+//   already in the cache. No gathered copy of the context, no mask, no padded queries.
 //
 // Why not SDPA: a decode has 1-3 queries per KV head and ~100-1,000 positions, where ATen's CPU
 // flash attention spends most of a call on per-block set-up (tiles, packing, buffers) rather
@@ -45,10 +50,26 @@ inline float sum_lanes(const Vec& x) {
 #endif
 }
 
+// Where position p's K (and V) vector lies, from a (sequence, KV head)'s base: in a persistent
+// row, one stride apart ...
+struct RowPositions {
+  int64_t stride;
+  int64_t operator()(int64_t p) const { return p * stride; }
+};
+
+// ... or in the paged cache, through the sequence's block table (positions of a block adjacent)
+struct PagedPositions {
+  const int64_t* table;
+  int64_t block_size, slot_stride;
+  int64_t operator()(int64_t p) const {
+    return (table[p / block_size] * block_size + p % block_size) * slot_stride;
+  }
+};
+
 // One (sequence, KV head): G queries of CH vectors each over `length` positions. G and CH are
 // compile-time so the queries and the accumulators live in registers.
-template <typename T, int G, int CH>
-void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, int64_t pos_stride,
+template <typename T, int G, int CH, typename Positions>
+void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, const Positions& at,
                 int64_t length, float scale, float* scores, T* out) {
   constexpr int64_t dim = CH * kLanes;
   Vec query[G][CH];
@@ -63,9 +84,10 @@ void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, int6
   // ~2 KB ahead: 16 positions of bfloat16 heads of 64, 8 of float32 (each measured best)
   constexpr int64_t kAhead = std::max<int64_t>(2, 2048 / kRowBytes);
   for (int64_t p = 0; p < length; ++p) {
-    const T* key = k + p * pos_stride;
-    const char* ahead = reinterpret_cast<const char*>(key + kAhead * pos_stride);
-    const char* value_now = reinterpret_cast<const char*>(v + p * pos_stride);
+    const int64_t here = at(p);
+    const T* key = k + here;
+    const char* ahead = reinterpret_cast<const char*>(k + at(std::min(p + kAhead, length - 1)));
+    const char* value_now = reinterpret_cast<const char*>(v + here);
     for (int64_t b = 0; b < kRowBytes; b += kLineBytes) {
       __builtin_prefetch(ahead + b);
       __builtin_prefetch(value_now + b);
@@ -101,7 +123,7 @@ void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, int6
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < CH; ++c) acc[g][c] = Vec(0.f);
   for (int64_t p = 0; p < length; ++p) {
-    const T* value = v + p * pos_stride;
+    const T* value = v + at(p);
     Vec vv[CH];
     for (int c = 0; c < CH; ++c) vv[c] = load_float(value + c * kLanes);
     for (int g = 0; g < G; ++g) {
@@ -119,36 +141,36 @@ void attend_one(const T* q, int64_t q_group_stride, const T* k, const T* v, int6
   }
 }
 
-template <typename T>
-using AttendFn = void (*)(const T*, int64_t, const T*, const T*, int64_t, int64_t, float, float*,
-                          T*);
+template <typename T, typename Positions>
+using AttendFn = void (*)(const T*, int64_t, const T*, const T*, const Positions&, int64_t, float,
+                          float*, T*);
 
-template <typename T, int G>
-AttendFn<T> pick_chunks(int64_t chunks) {
+template <typename T, typename Positions, int G>
+AttendFn<T, Positions> pick_chunks(int64_t chunks) {
   switch (chunks) {
-    case 1: return &attend_one<T, G, 1>;
-    case 2: return &attend_one<T, G, 2>;
-    case 4: return &attend_one<T, G, 4>;
-    case 8: return &attend_one<T, G, 8>;
+    case 1: return &attend_one<T, G, 1, Positions>;
+    case 2: return &attend_one<T, G, 2, Positions>;
+    case 4: return &attend_one<T, G, 4, Positions>;
+    case 8: return &attend_one<T, G, 8, Positions>;
     default: return nullptr;
   }
 }
 
 // The compiled (group, head_dim / lanes) pairs: 1-8 query heads per KV head, 1, 2, 4 or 8
 // vectors a head; nullptr for any other shape (the caller keeps SDPA for those).
-template <typename T>
-AttendFn<T> pick(int64_t group, int64_t dim) {
+template <typename T, typename Positions = RowPositions>
+AttendFn<T, Positions> pick(int64_t group, int64_t dim) {
   if (dim % kLanes != 0) return nullptr;
   const int64_t chunks = dim / kLanes;
   switch (group) {
-    case 1: return pick_chunks<T, 1>(chunks);
-    case 2: return pick_chunks<T, 2>(chunks);
-    case 3: return pick_chunks<T, 3>(chunks);
-    case 4: return pick_chunks<T, 4>(chunks);
-    case 5: return pick_chunks<T, 5>(chunks);
-    case 6: return pick_chunks<T, 6>(chunks);
-    case 7: return pick_chunks<T, 7>(chunks);
-    case 8: return pick_chunks<T, 8>(chunks);
+    case 1: return pick_chunks<T, Positions, 1>(chunks);
+    case 2: return pick_chunks<T, Positions, 2>(chunks);
+    case 3: return pick_chunks<T, Positions, 3>(chunks);
+    case 4: return pick_chunks<T, Positions, 4>(chunks);
+    case 5: return pick_chunks<T, Positions, 5>(chunks);
+    case 6: return pick_chunks<T, Positions, 6>(chunks);
+    case 7: return pick_chunks<T, Positions, 7>(chunks);
+    case 8: return pick_chunks<T, Positions, 8>(chunks);
     default: return nullptr;
   }
 }
@@ -169,7 +191,8 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
   T* ckp = cache_k.data_ptr<T>();
   T* cvp = cache_v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const AttendFn<T> attend = pick<T>(group, dim);
+  const AttendFn<T, RowPositions> attend = pick<T>(group, dim);
+  const RowPositions at{k.stride(2)};
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
@@ -187,8 +210,8 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
       std::copy_n(fresh_k, dim, kp + last);
       std::copy_n(fresh_v, dim, vp + last);
       scores.resize(group * length);
-      attend(qp + i * q.stride(0) + h * q.stride(1), q.stride(2), kp + base, vp + base,
-             k.stride(2), length, scale, scores.data(), op + (i * kv_heads + h) * group * dim);
+      attend(qp + i * q.stride(0) + h * q.stride(1), q.stride(2), kp + base, vp + base, at,
+             length, scale, scores.data(), op + (i * kv_heads + h) * group * dim);
     }
   });
 }
@@ -257,6 +280,86 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
   }
   return out;
 }
+
+template <typename T>
+void run_spans(const at::Tensor& q, const at::Tensor& cache_k, const at::Tensor& cache_v,
+               const int64_t* tables, int64_t width, const int64_t* span_of,
+               const int64_t* length_of, int64_t block_size, float scale, at::Tensor& out) {
+  const int64_t n = q.size(0), kv_heads = q.size(1), group = q.size(2), dim = q.size(3);
+  const T* qp = q.data_ptr<T>();
+  const T* ckp = cache_k.data_ptr<T>();
+  const T* cvp = cache_v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const AttendFn<T, PagedPositions> attend = pick<T, PagedPositions>(group, dim);
+  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / kv_heads, h = item % kv_heads;
+      const int64_t length = length_of[i];
+      const PagedPositions at{tables + span_of[i] * width, block_size, cache_k.stride(1)};
+      scores.resize(group * length);
+      attend(qp + i * q.stride(0) + h * q.stride(1), q.stride(2),
+             ckp + h * cache_k.stride(0), cvp + h * cache_v.stride(0), at, length, scale,
+             scores.data(), op + (i * kv_heads + h) * group * dim);
+    }
+  });
+}
+
+at::Tensor span_attention(const at::Tensor& q, const at::Tensor& cache_k,
+                          const at::Tensor& cache_v, const at::Tensor& tables,
+                          const at::Tensor& spans, const at::Tensor& lengths, int64_t block_size,
+                          double scale) {
+  TORCH_CHECK(q.dim() == 4 && cache_k.dim() == 3, "q: [N, KV, G, D]; cache_k: [KV, S, D]");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(cache_k.scalar_type() == dtype && cache_v.scalar_type() == dtype,
+              "q, cache_k, cache_v: one dtype");
+  TORCH_CHECK(cache_k.sizes() == cache_v.sizes() && cache_k.strides() == cache_v.strides(),
+              "cache_k, cache_v: one layout, [KV, S, D]");
+  const int64_t n = q.size(0), kv_heads = q.size(1), group = q.size(2), dim = q.size(3);
+  TORCH_CHECK(cache_k.size(0) == kv_heads && cache_k.size(2) == dim,
+              "cache_k: [KV, S, D] matching q");
+  TORCH_CHECK(q.stride(3) == 1 && cache_k.stride(2) == 1, "head_dim must be contiguous");
+  TORCH_CHECK(supports(group, dim), "span_attention: no kernel for ", group,
+              " query heads per KV head of ", dim);
+  TORCH_CHECK(block_size >= 1 && cache_k.size(1) % block_size == 0,
+              "the cache holds whole blocks of block_size");
+  TORCH_CHECK(tables.dim() == 2, "tables: [spans, width] block ids");
+  TORCH_CHECK(spans.numel() == n && lengths.numel() == n, "one span and length per query");
+  const auto tables64 = tables.to(at::kLong).contiguous();
+  const auto spans64 = spans.to(at::kLong).contiguous();
+  const auto lengths64 = lengths.to(at::kLong).contiguous();
+  const int64_t* table = tables64.data_ptr<int64_t>();
+  const int64_t* span_of = spans64.data_ptr<int64_t>();
+  const int64_t* length_of = lengths64.data_ptr<int64_t>();
+  const int64_t count = tables.size(0), width = tables.size(1);
+  const int64_t blocks = cache_k.size(1) / block_size;
+  for (int64_t i = 0; i < count * width; ++i)
+    TORCH_CHECK(table[i] >= 0 && table[i] < blocks, "block id out of range");
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(span_of[i] >= 0 && span_of[i] < count, "span out of range");
+    TORCH_CHECK(length_of[i] >= 1 && length_of[i] <= width * block_size,
+                "length beyond the span's blocks");
+  }
+  auto out = at::empty({n, kv_heads, group, dim}, q.options());
+  const float fscale = static_cast<float>(scale);
+  switch (dtype) {
+    case at::kFloat:
+      run_spans<float>(q, cache_k, cache_v, table, width, span_of, length_of, block_size, fscale,
+                       out);
+      break;
+    case at::kBFloat16:
+      run_spans<at::BFloat16>(q, cache_k, cache_v, table, width, span_of, length_of, block_size,
+                              fscale, out);
+      break;
+    case at::kHalf:
+      run_spans<at::Half>(q, cache_k, cache_v, table, width, span_of, length_of, block_size,
+                          fscale, out);
+      break;
+    default:
+      TORCH_CHECK(false, "span_attention: float32, bfloat16 or float16, not ", dtype);
+  }
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY(sluice, m) {
@@ -264,7 +367,13 @@ TORCH_LIBRARY(sluice, m) {
       "decode_attention(Tensor q, Tensor(a!) k, Tensor(b!) v, Tensor new_k, Tensor new_v,"
       " Tensor rows, Tensor lengths, Tensor(c!) cache_k, Tensor(d!) cache_v, Tensor slots,"
       " float scale) -> Tensor");
+  m.def(
+      "span_attention(Tensor q, Tensor cache_k, Tensor cache_v, Tensor tables, Tensor spans,"
+      " Tensor lengths, int block_size, float scale) -> Tensor");
   m.def("decode_attention_supports(int group, int head_dim) -> bool", &supports);
 }
 
-TORCH_LIBRARY_IMPL(sluice, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(sluice, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("span_attention", &span_attention);
+}
