@@ -216,6 +216,17 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
   });
 }
 
+// Runs `body` with a value of the tensors' element type (its type is what `body` uses).
+template <typename Body>
+void by_dtype(at::ScalarType dtype, const char* op, Body&& body) {
+  switch (dtype) {
+    case at::kFloat: body(float{}); break;
+    case at::kBFloat16: body(at::BFloat16{}); break;
+    case at::kHalf: body(at::Half{}); break;
+    default: TORCH_CHECK(false, op, ": float32, bfloat16 or float16, not ", dtype);
+  }
+}
+
 at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
                             const at::Tensor& new_k, const at::Tensor& new_v,
                             const at::Tensor& rows, const at::Tensor& lengths,
@@ -262,22 +273,10 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
   }
   auto out = at::empty({n, kv_heads, group, dim}, q.options());
   const float fscale = static_cast<float>(scale);
-  switch (dtype) {
-    case at::kFloat:
-      run<float>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
-                   out);
-      break;
-    case at::kBFloat16:
-      run<at::BFloat16>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
-                   out);
-      break;
-    case at::kHalf:
-      run<at::Half>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of, fscale,
-                   out);
-      break;
-    default:
-      TORCH_CHECK(false, "decode_attention: float32, bfloat16 or float16, not ", dtype);
-  }
+  by_dtype(dtype, "decode_attention", [&](auto type) {
+    run<decltype(type)>(q, k, v, new_k, new_v, row_of, length_of, cache_k, cache_v, slot_of,
+                        fscale, out);
+  });
   return out;
 }
 
@@ -342,22 +341,10 @@ at::Tensor span_attention(const at::Tensor& q, const at::Tensor& cache_k,
   }
   auto out = at::empty({n, kv_heads, group, dim}, q.options());
   const float fscale = static_cast<float>(scale);
-  switch (dtype) {
-    case at::kFloat:
-      run_spans<float>(q, cache_k, cache_v, table, width, span_of, length_of, block_size, fscale,
-                       out);
-      break;
-    case at::kBFloat16:
-      run_spans<at::BFloat16>(q, cache_k, cache_v, table, width, span_of, length_of, block_size,
+  by_dtype(dtype, "span_attention", [&](auto type) {
+    run_spans<decltype(type)>(q, cache_k, cache_v, table, width, span_of, length_of, block_size,
                               fscale, out);
-      break;
-    case at::kHalf:
-      run_spans<at::Half>(q, cache_k, cache_v, table, width, span_of, length_of, block_size,
-                          fscale, out);
-      break;
-    default:
-      TORCH_CHECK(false, "span_attention: float32, bfloat16 or float16, not ", dtype);
-  }
+  });
   return out;
 }
 }  // namespace
