@@ -1,13 +1,16 @@
-"""The CPU kernel for the decodes' attention over their rows (kernels/decode_attention.cpp):
+"""The CPU kernels for attention of a few queries per sequence (kernels/decode_attention.cpp):
 built once per machine with the host's C++ compiler, then loaded by every worker.
 
-Why a kernel of our own: a decode has a few queries per KV head over one row of past K/V, and
+Why kernels of our own: a decode has a few queries per KV head over one row of past K/V, and
 ATen's CPU SDPA spends most of such a call setting up tiles, so the engine split the rows into
-runs of near length, one masked SDPA call each (decode_rows.row_runs). The kernel reads each
-row exactly to its own length, in one call a layer with no mask: 2.1x the SDPA runs' speed in
-bfloat16 and 1.6x in float32 over 30 layers of cold rows on a 2-core AVX-512 host
-(`bench/decode_attention.py`). Its float32 sums run in another order than SDPA's, so results
-agree to rounding, not bit for bit.
+runs of near length, one masked SDPA call each (decode_rows.row_runs). `decode_attention` reads
+each row exactly to its own length, in one call a layer with no mask: 1.7-2.2x the SDPA runs'
+speed in bfloat16 and 1.4-1.6x in float32 over 30 layers of cold rows at 32-64 rows on a 2-core
+AMX host (`bench/decode_attention.py`). `span_attention` does the same for short chunks (a
+draft's verification, a prompt tail) straight from the paged cache through each sequence's
+block table: 2-4x the padded, masked SDPA group at 4-8 queries (`bench/span_attention.py`).
+Their float32 sums run in another order than SDPA's, so results agree to rounding, not bit for
+bit.
 
 Built with g++ straight against torch's headers and libraries (no ninja, no pybind11): `make
 install` builds it (`python -m workers.decode_kernel`), and a worker that finds it missing

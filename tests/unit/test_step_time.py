@@ -167,9 +167,11 @@ def test_a_step_grows_only_as_far_as_the_fit_has_been_seen_to_hold():
     assert budget.prefill_tokens(4, limit=512) == 2 * 44 - 4
 
 
-def test_prompts_outnumbering_the_decodes_get_a_larger_share():
+def test_prompts_outnumbering_the_decodes_get_a_larger_share_up_to_the_itl_ratio():
     """A burst of prompts beside a few decodes: prefill's share of the decodes' time grows by
-    prompts / decodes while prompts outnumber them, and falls back to the minimum after."""
+    prompts / decodes while prompts outnumber them, never past ITL_RATIO - 1 (a step with
+    prefill stays within ITL_RATIO decode steps however long the queue), and falls back to the
+    minimum after."""
     budget = StepBudget(0.020, floor=4)
     for _ in range(20):
         budget.model.observe(4, 0.040)  # four decodes alone outrun the target
@@ -177,7 +179,10 @@ def test_prompts_outnumbering_the_decodes_get_a_larger_share():
     half = budget.prefill_tokens(4, limit=512, prompts=1)
     assert half == pytest.approx(MIN_PREFILL_SHARE * 40, abs=1)
     assert budget.prefill_tokens(4, limit=512, prompts=4) == half
-    assert budget.prefill_tokens(4, limit=512, prompts=16) == pytest.approx(4 * half, abs=1)
+    assert budget.prefill_tokens(4, limit=512, prompts=6) == pytest.approx(1.5 * half, abs=1)
+    capped = (ITL_RATIO - 1) * 40
+    assert budget.prefill_tokens(4, limit=512, prompts=16) == pytest.approx(capped, abs=1)
+    assert budget.prefill_tokens(4, limit=512, prompts=64) == pytest.approx(capped, abs=1)
 
 
 def test_decodes_that_have_not_settled_leave_prefill_the_fixed_budget():
