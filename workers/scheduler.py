@@ -60,6 +60,7 @@ class ScheduledStep:
     decodes: int = 0  # the first `decodes` of `work` are running sequences' one-token decodes
     # False: prefill took the whole budget beside decodes that had not settled (step_time.py)
     shaped: bool = True
+    drafts: int = 0  # speculative draft tokens added after the schedule (in `work`'s counts)
 
     @property
     def num_tokens(self) -> int:
@@ -199,7 +200,7 @@ class Scheduler:
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""
         if self.step_budget is not None and step.work:
-            self.step_budget.ended(step.num_tokens, step.decodes, step.shaped)
+            self.step_budget.ended(step.num_tokens, step.decodes, step.shaped, step.drafts)
 
     def _prefill_room(self, decode_tokens: int, budget: int, prompts: int, settled: int) -> int:
         if self.step_budget is None:

@@ -118,6 +118,13 @@ class StepBudget:
         # drafts, whose attention costs more a token), and a decode-only step hardly grows
         # with its decodes on a CPU at 1-6 (11-15 ms here); a batch that grows moves it.
         self.cadence: float | None = None
+        # Seconds a draft token adds to a step beyond what the fit prices its other tokens at,
+        # weighted to the newest. NOTE: a verifying sequence costs more a token than a prompt's
+        # chunk (a span of its own in attention, a logits row and an acceptance check per draft
+        # token), and the fit, learned mostly from prefill, priced the drafts of a step at half
+        # what they took (CPU, bfloat16, c=16: 40 ms measured against 23 predicted); those steps
+        # were the ITL tail's.
+        self.draft_cost: float | None = None
         self._started: float | None = None
 
     def prefill_tokens(
@@ -168,7 +175,8 @@ class StepBudget:
         target = self.target_s
         if decode_tokens and (decodes_s := self.model.predict(decode_tokens)) is not None:
             target = self._target(decodes_s)
-        return max(0, min(limit, int((target - step_s) / slope)))
+        price = slope if self.draft_cost is None else max(slope, self.draft_cost)
+        return max(0, min(limit, int((target - step_s) / price)))
 
     def _target(self, decodes_s: float) -> float:
         """The time a step whose decodes take `decodes_s` by the main fit may run to: the
@@ -181,10 +189,11 @@ class StepBudget:
         """The step's work is decided; its time runs from here."""
         self._started = self.clock()
 
-    def ended(self, tokens: int, decodes: int, shaped: bool = True) -> None:
+    def ended(self, tokens: int, decodes: int, shaped: bool = True, drafts: int = 0) -> None:
         """The step's results are on the host: learn from how long its `tokens` took, unless
         its prefill was not `shaped` by the target (it took the whole budget beside decodes
-        that had not settled).
+        that had not settled); `drafts` of them were speculative draft tokens, whose own price
+        is learned from what the step took beyond the fit's price of the rest.
 
         NOTE: a step without decodes is not learned from. The budget only shapes steps with
         decodes, and a prompt-only step's long GEMMs cost less a token than a chunk adds to a
@@ -194,6 +203,8 @@ class StepBudget:
         too, and would also widen how far the fit is trusted to grow a step."""
         if self._started is not None and decodes > 0 and shaped:
             seconds = self.clock() - self._started
+            if drafts and (rest := self.model.predict(tokens - drafts)) is not None:
+                self._learn_draft_cost(max(0.0, seconds - rest) / drafts)
             self.model.observe(tokens, seconds)
             if tokens == decodes:
                 cadence = self.cadence
@@ -202,3 +213,7 @@ class StepBudget:
                     seconds if cadence is None else cadence + weight * (seconds - cadence)
                 )
         self._started = None
+
+    def _learn_draft_cost(self, seconds: float) -> None:
+        cost = self.draft_cost
+        self.draft_cost = seconds if cost is None else cost + self.model.weight * (seconds - cost)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.model_equivalence import stream_texts
 from tests.support.worker_lines import wire
 from tests.unit.test_paged_engine import assert_no_leaks, prompts, run, submit, text_of
 from tests.unit.test_scheduler import make_seq
@@ -418,3 +419,62 @@ def test_cuda_runs_without_a_target_unless_one_is_set():
 
     assert WorkerConfig().engine_kwargs("cuda")["step_time_target_s"] is None
     assert WorkerConfig(step_time_target_s=0.03).engine_kwargs("cuda")["step_time_target_s"] == 0.03
+
+
+def test_draft_tokens_are_priced_at_what_they_took_not_at_a_prompts_rate():
+    """Steps with prefill at 1 ms a token and steps with drafts at 2 ms a draft token, beside
+    the same eight decodes: the fit's slope stays the prompts' (its bound is the cheapest recent
+    step's), the drafts get a price of their own, and the spare tokens for drafts follow it."""
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+
+    def step(tokens: int, seconds: float, drafts: int = 0) -> None:
+        budget.started()
+        clock.now += seconds
+        budget.ended(tokens, 8, drafts=drafts)
+
+    for _ in range(30):
+        step(8, 0.018)  # the decodes alone
+        step(24, 0.034)  # with a 16-token chunk
+        step(16, 0.034, drafts=8)  # with 8 draft tokens
+    slope, draft_cost = budget.model.per_token, budget.draft_cost
+    assert slope == pytest.approx(0.001, rel=0.05)
+    assert draft_cost > 1.5 * slope
+    room = ITL_RATIO * budget.cadence - budget.model.predict(8)
+    assert budget.spare_tokens(8, limit=100, decode_tokens=8) == int(room / draft_cost)
+    assert int(room / draft_cost) < int(room / slope)
+
+
+def test_a_step_without_drafts_leaves_their_price_unlearned():
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+    for tokens in (8, 24, 8, 24):
+        budget.started()
+        clock.now += 0.010 + 0.001 * tokens
+        budget.ended(tokens, 8)
+    assert budget.draft_cost is None
+
+
+def test_the_engine_tells_the_budget_how_many_draft_tokens_a_step_carried(tiny) -> None:
+    model, tokenizer = tiny
+    engine = Engine(
+        model,
+        tokenizer,
+        max_num_seqs=2,
+        num_kv_blocks=64,
+        block_size=8,
+        step_time_target_s=0.05,
+        speculative="prompt-lookup",
+    )
+    budget, drafts = engine.scheduler.step_budget, []
+    learn = budget.ended
+
+    def ended(tokens: int, decodes: int, shaped: bool = True, drafted: int = 0) -> None:
+        drafts.append(drafted)
+        learn(tokens, decodes, shaped, drafted)
+
+    budget.ended = ended
+    ids = tokenizer.encode("ab ab ab ab ab ab ab ab") or [1]
+    texts = stream_texts(engine, [ids, ids], [24, 24])
+    assert all(texts.values()) and any(drafts)  # some steps verified drafts ...
+    assert budget.draft_cost is not None  # ... and the budget priced them
