@@ -92,17 +92,21 @@ def row_runs(lengths: list[int], run_cost: int | None) -> list[tuple[int, int, i
 class RowArena:
     """A flat buffer the rows' keys (or values) are laid out in, one layout after another.
 
-    Reserved whole (CPU: address space only) and zeroed only as far as a layout has reached, so
-    every value a layout can read is finite: zero, or K/V some layout wrote (a masked position's
-    weight is 0, and 0 x NaN would still poison its row)."""
+    Reserved whole (CPU: address space only) and, for SDPA, zeroed only as far as a layout has
+    reached, so every value a layout can read is finite: zero, or K/V some layout wrote (a
+    masked position's weight is 0, and 0 x NaN would still poison its row). The decode kernel
+    reads each row only to its length, all written, so for it nothing is zeroed: a page is then
+    first touched by the write that fills it, a row's growth spread over the steps, where zeroing
+    a layout's new reach at once took 23-48 ms of one step (16 rows of 688 positions)."""
 
-    def __init__(self, like: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+    def __init__(self, like: torch.Tensor, numel: int, dtype: torch.dtype, zeroed: bool) -> None:
         self.flat = like.new_empty(numel, dtype=dtype)
+        self.zeroed = zeroed
         self.ready = 0  # flat[:ready] is zero or written
 
     def take(self, numel: int) -> torch.Tensor:
-        """The first `numel` values, initialised."""
-        if numel > self.ready:
+        """The first `numel` values, initialised where the reader needs it."""
+        if self.zeroed and numel > self.ready:
             self.flat[self.ready : numel].zero_()
             self.ready = numel
         return self.flat[:numel]
@@ -111,12 +115,14 @@ class RowArena:
 class DecodeRows:
     """Owns the row copies; `arrange` finds (or makes) each of a step's decodes its row."""
 
-    def __init__(self, cache: KVCache, keep_dtype: bool = False) -> None:
-        """`keep_dtype`: the rows take the cache's dtype on any CPU (the decode kernel reads
-        bfloat16 at float32's speed and writes the cache and the rows in one dtype)."""
+    def __init__(self, cache: KVCache, kernel_reads: bool = False) -> None:
+        """`kernel_reads`: the CPU decode kernel reads the rows, so they take the cache's dtype
+        on any CPU (it reads bfloat16 at float32's speed and writes the cache and the rows in
+        one dtype), and a layout is not zeroed (it reads each row only to its length)."""
         self.cache = cache
+        self.kernel_reads = kernel_reads
         on_cpu = cache.keys.device.type == "cpu"
-        widen = on_cpu and not keep_dtype and not cpu_has_native_bf16()
+        widen = on_cpu and not kernel_reads and not cpu_has_native_bf16()
         self.dtype = torch.float32 if widen else cache.keys.dtype
         self.keys: torch.Tensor | None = None  # [layers, rows, kv_heads, capacity, head_dim]
         self.values: torch.Tensor | None = None
@@ -234,10 +240,14 @@ class DecodeRows:
         keys, values = (flat.view(size) for flat in self._layout(size))
         held = [row for row, seq in enumerate(self.seqs) if seq is not None]
         held.sort(key=lambda row: -self.lengths[row])
+        # NOTE: each row's own positions only, not the old capacity: rows are of mixed lengths,
+        # and copying whole rows moved 2-3x the bytes (a reshape at 11 of 16 rows of 688
+        # positions took 27-59 ms of a Poisson run's steps, the slowest of its ITL tail)
         keep = min(capacity, self.capacity)
         for new, old in ((keys, self.keys), (values, self.values)):
             for to, row in enumerate(held):
-                new[:, to, :, :keep] = old[:, row, :, :keep]
+                length = min(keep, self.lengths[row])
+                new[:, to, :, :length] = old[:, row, :, :length]
         self.seqs = [self.seqs[row] for row in held]
         self.lengths = [self.lengths[row] for row in held]
         self.tables = [self.tables[row] for row in held]
@@ -257,7 +267,10 @@ class DecodeRows:
             # every layout holds at most the paged cache's token slots (`_fit`)
             whole = layers * kv_heads * head_dim * cache.num_blocks * cache.block_size
             self._arenas = [
-                (RowArena(cache.keys, whole, self.dtype), RowArena(cache.values, whole, self.dtype))
+                tuple(
+                    RowArena(source, whole, self.dtype, zeroed=not self.kernel_reads)
+                    for source in (cache.keys, cache.values)
+                )
                 for _ in range(2)
             ]
         self._arenas.reverse()  # the one not holding the current layout goes last

@@ -143,7 +143,7 @@ class ModelRunner:
                 head_dim=head_dim,
                 dtype=str(self.dtype).removeprefix("torch."),
             )
-        self.rows = DecodeRows(cache, keep_dtype=self.decode_kernel)
+        self.rows = DecodeRows(cache, kernel_reads=self.decode_kernel)
         self.short_span = KERNEL_SPAN if self.decode_kernel else SHORT_SPAN
         own_weights(model)  # off the checkpoint's mapping, which then goes
         fuse_projections(model)

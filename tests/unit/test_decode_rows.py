@@ -87,8 +87,8 @@ def test_on_cpu_layouts_take_turns_in_two_arenas_and_read_only_finite_values(tin
     reserved = []
     arena = RowArena.__init__
 
-    def counted(self, *args) -> None:
-        arena(self, *args)
+    def counted(self, *args, **kwargs) -> None:
+        arena(self, *args, **kwargs)
         reserved.append(self)
 
     monkeypatch.setattr(RowArena, "__init__", counted)
@@ -101,7 +101,9 @@ def test_on_cpu_layouts_take_turns_in_two_arenas_and_read_only_finite_values(tin
         assert torch.isfinite(self.keys).all() and torch.isfinite(self.values).all()
 
     monkeypatch.setattr(DecodeRows, "_reshape", checked)
-    settings = dict(max_num_seqs=3, num_kv_blocks=128, block_size=8, speculative="off")
+    settings = dict(
+        max_num_seqs=3, num_kv_blocks=128, block_size=8, speculative="off", decode_kernel=False
+    )
     all_ids, new = prompts(tokenizer, [10, 30, 10], seed=7), [200, 40, 150]
     texts = stream(Engine(model, tokenizer, **settings), all_ids, new)
     assert len(layouts) >= 3 and len(reserved) == 4  # keys and values, two arenas each
@@ -109,6 +111,22 @@ def test_on_cpu_layouts_take_turns_in_two_arenas_and_read_only_finite_values(tin
     assert set(layouts) <= flats and len(set(layouts)) == 2
     gathering(monkeypatch)
     assert stream(Engine(model, tokenizer, **settings), all_ids, new) == texts
+
+
+def test_rows_the_kernel_reads_are_never_zeroed_and_stream_what_sdpa_streams(tiny) -> None:
+    """The kernel reads each row only to its length: its layouts skip the zeroing (a page is
+    first touched by the write that fills it), and the text is SDPA's over zeroed layouts."""
+    model, tokenizer = tiny
+    settings = dict(max_num_seqs=3, num_kv_blocks=128, block_size=8, speculative="off")
+    all_ids, new = prompts(tokenizer, [10, 30, 10], seed=7), [200, 40, 150]
+    engine = Engine(model, tokenizer, **settings)
+    assert engine.runner.decode_kernel
+    texts = stream(engine, all_ids, new)
+    arenas = [arena for pair in engine.runner.rows._arenas for arena in pair]
+    assert len(arenas) == 4 and all(arena.ready == 0 for arena in arenas)
+    sdpa = Engine(model, tokenizer, decode_kernel=False, **settings)
+    assert stream(sdpa, all_ids, new) == texts
+    assert all(arena.ready > 0 for pair in sdpa.runner.rows._arenas for arena in pair)
 
 
 def test_a_batch_that_would_outgrow_the_cache_gathers_instead(tiny, monkeypatch) -> None:
