@@ -30,7 +30,10 @@ virtual machine whose host had not yet backed the pages (a reshape of 8 rows of 
 took 150-600 ms, up to four steps' worth, all in one step's ITL). So on CPU the rows' tensors
 are views of two reserved flat buffers (`RowArena`) the layouts take turns in: each buffer is
 address space for as many token slots as the paged cache, its pages appear as a layout first
-reaches them and stay, so a reshape past warm-up costs only the copy of the held rows. On an
+reaches them and stay, so a reshape past warm-up costs only the copy of the held rows (each
+row's own positions). For SDPA a layout's new reach is zeroed (it reads masked positions); for
+the decode kernel, which reads each row only to its length, it is not, and a page is first
+touched by the write that fills it. On an
 accelerator (no page faults; the caching allocator reuses freed blocks) a reshape allocates
 exactly, as reserving the whole budget would take real device memory.
 """

@@ -39,9 +39,9 @@ SHORT_SPAN = 16
 # With the CPU kernel (decode_kernel.span_attention), chunks of up to this many tokens (a draft's
 # verification is at most 7) go through it; longer ones take the per-chunk causal SDPA, whose
 # tiles win once a chunk's queries are many: the kernel reads a chunk's context once per query.
-# 30 layers of bfloat16 SmolLM2 heads, one chunk, kernel / per-chunk SDPA / padded group (ms):
-# 4 new over 160 done 1.7 / 3.4 / 6.7, over 480 3.4 / 6.3 / 12.5; 16 new 4.5 / 3.6 / 11.0 and
-# 9.0 / 6.7 / 12.8; 32 new 8.6 / 3.2 / 9.3.
+# `bench/span_attention.py`, 30 layers of bfloat16 SmolLM2 heads, one chunk over 480 positions,
+# kernel / per-chunk SDPA / padded group (ms): 4 new 2.4 / 3.6 / 6.7; 16 new 8.2 / 4.5 / 11.2;
+# 32 new 16.0 / 6.5 / 17.6.
 KERNEL_SPAN = 8
 # What one more run of decode rows (decode_rows.row_runs) costs on a CPU, in row positions
 # read: its calls per layer take about as long as reading 600 positions (set with two batched
