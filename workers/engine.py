@@ -227,9 +227,7 @@ class Engine:
         self._step_index += 1
         scheduled = self.scheduler.schedule()
         spare = self.scheduler.spare_tokens(scheduled)  # drafts count against the target too
-        planned = scheduled.num_tokens
-        self.speculator.extend(scheduled.work, self.scheduler, spare)
-        scheduled.drafts = scheduled.num_tokens - planned
+        scheduled.drafts = self.speculator.extend(scheduled.work, self.scheduler, spare)
         self._last_step_tokens = scheduled.num_tokens
         self._report_admissions(scheduled.work, outputs)
         if scheduled.work:

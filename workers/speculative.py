@@ -138,15 +138,16 @@ class Speculator:
 
     def extend(
         self, work: list[tuple[SequenceState, int]], scheduler: Scheduler, spare: int
-    ) -> None:
+    ) -> int:
         """Give each eligible decode in `work` a draft (in place: its entry then computes the
         draft too), within `spare` tokens, never more than its `max_tokens` leaves room for
-        (the verification adds one token of the target's own)."""
+        (the verification adds one token of the target's own); returns the draft tokens added."""
+        drafted = 0
         if not self.enabled or sum(new == 1 for _, new in work) > MAX_SPECULATING_DECODES:
-            return
+            return drafted
         for i, (seq, new) in enumerate(work):
             if spare < 1:
-                return
+                break
             if new != 1 or not can_speculate(seq):
                 continue
             room = min(self.spec_tokens, seq.max_tokens - seq.num_output_tokens - 1, spare)
@@ -159,7 +160,9 @@ class Speculator:
             seq.all_ids.extend(draft)
             work[i] = (seq, 1 + len(draft))
             spare -= len(draft)
+            drafted += len(draft)
             self._drafted.append(seq)
+        return drafted
 
     def discard(self) -> None:
         """Drafts not settled (the step failed): they leave their sequences."""

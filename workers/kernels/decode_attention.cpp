@@ -216,6 +216,9 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
   });
 }
 
+// An index tensor as contiguous int64: keep the result alive while its `data_ptr` is read.
+at::Tensor as_longs(const at::Tensor& index) { return index.to(at::kLong).contiguous(); }
+
 // Runs `body` with a value of the tensors' element type (its type is what `body` uses).
 template <typename Body>
 void by_dtype(at::ScalarType dtype, const char* op, Body&& body) {
@@ -256,9 +259,9 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
               " query heads per KV head of ", dim);
   TORCH_CHECK(rows.numel() == n && lengths.numel() == n && slots.numel() == n,
               "one row, length and slot per query");
-  const auto rows64 = rows.to(at::kLong).contiguous();
-  const auto lengths64 = lengths.to(at::kLong).contiguous();
-  const auto slots64 = slots.to(at::kLong).contiguous();
+  const auto rows64 = as_longs(rows);
+  const auto lengths64 = as_longs(lengths);
+  const auto slots64 = as_longs(slots);
   const int64_t* row_of = rows64.data_ptr<int64_t>();
   const int64_t* length_of = lengths64.data_ptr<int64_t>();
   const int64_t* slot_of = slots64.data_ptr<int64_t>();
@@ -324,9 +327,9 @@ at::Tensor span_attention(const at::Tensor& q, const at::Tensor& cache_k,
               "the cache holds whole blocks of block_size");
   TORCH_CHECK(tables.dim() == 2, "tables: [spans, width] block ids");
   TORCH_CHECK(spans.numel() == n && lengths.numel() == n, "one span and length per query");
-  const auto tables64 = tables.to(at::kLong).contiguous();
-  const auto spans64 = spans.to(at::kLong).contiguous();
-  const auto lengths64 = lengths.to(at::kLong).contiguous();
+  const auto tables64 = as_longs(tables);
+  const auto spans64 = as_longs(spans);
+  const auto lengths64 = as_longs(lengths);
   const int64_t* table = tables64.data_ptr<int64_t>();
   const int64_t* span_of = spans64.data_ptr<int64_t>();
   const int64_t* length_of = lengths64.data_ptr<int64_t>();
