@@ -203,17 +203,16 @@ class StepBudget:
         too, and would also widen how far the fit is trusted to grow a step."""
         if self._started is not None and decodes > 0 and shaped:
             seconds = self.clock() - self._started
+            weight = self.model.weight
             if drafts and (rest := self.model.predict(tokens - drafts)) is not None:
-                self._learn_draft_cost(max(0.0, seconds - rest) / drafts)
+                per_draft = max(0.0, seconds - rest) / drafts
+                self.draft_cost = _weighted(self.draft_cost, per_draft, weight)
             self.model.observe(tokens, seconds)
             if tokens == decodes:
-                cadence = self.cadence
-                weight = self.model.weight
-                self.cadence = (
-                    seconds if cadence is None else cadence + weight * (seconds - cadence)
-                )
+                self.cadence = _weighted(self.cadence, seconds, weight)
         self._started = None
 
-    def _learn_draft_cost(self, seconds: float) -> None:
-        cost = self.draft_cost
-        self.draft_cost = seconds if cost is None else cost + self.model.weight * (seconds - cost)
+
+def _weighted(average: float | None, value: float, weight: float) -> float:
+    """An exponentially weighted average moved toward `value` (`value` itself if none yet)."""
+    return value if average is None else average + weight * (value - average)

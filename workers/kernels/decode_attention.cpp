@@ -216,8 +216,13 @@ void run(const at::Tensor& q, at::Tensor& k, at::Tensor& v, const at::Tensor& ne
   });
 }
 
-// An index tensor as contiguous int64: keep the result alive while its `data_ptr` is read.
-at::Tensor as_longs(const at::Tensor& index) { return index.to(at::kLong).contiguous(); }
+// An index tensor as contiguous int64, held (a conversion may be a new tensor) while read.
+struct Longs {
+  at::Tensor held;
+  const int64_t* at;
+  explicit Longs(const at::Tensor& index)
+      : held(index.to(at::kLong).contiguous()), at(held.data_ptr<int64_t>()) {}
+};
 
 // Runs `body` with a value of the tensors' element type (its type is what `body` uses).
 template <typename Body>
@@ -259,12 +264,8 @@ at::Tensor decode_attention(const at::Tensor& q, at::Tensor& k, at::Tensor& v,
               " query heads per KV head of ", dim);
   TORCH_CHECK(rows.numel() == n && lengths.numel() == n && slots.numel() == n,
               "one row, length and slot per query");
-  const auto rows64 = as_longs(rows);
-  const auto lengths64 = as_longs(lengths);
-  const auto slots64 = as_longs(slots);
-  const int64_t* row_of = rows64.data_ptr<int64_t>();
-  const int64_t* length_of = lengths64.data_ptr<int64_t>();
-  const int64_t* slot_of = slots64.data_ptr<int64_t>();
+  const Longs rows64(rows), lengths64(lengths), slots64(slots);
+  const int64_t *row_of = rows64.at, *length_of = lengths64.at, *slot_of = slots64.at;
   const int64_t capacity = k.size(2), num_rows = k.size(0);
   std::vector<bool> taken(num_rows, false);
   for (int64_t i = 0; i < n; ++i) {
@@ -327,12 +328,8 @@ at::Tensor span_attention(const at::Tensor& q, const at::Tensor& cache_k,
               "the cache holds whole blocks of block_size");
   TORCH_CHECK(tables.dim() == 2, "tables: [spans, width] block ids");
   TORCH_CHECK(spans.numel() == n && lengths.numel() == n, "one span and length per query");
-  const auto tables64 = as_longs(tables);
-  const auto spans64 = as_longs(spans);
-  const auto lengths64 = as_longs(lengths);
-  const int64_t* table = tables64.data_ptr<int64_t>();
-  const int64_t* span_of = spans64.data_ptr<int64_t>();
-  const int64_t* length_of = lengths64.data_ptr<int64_t>();
+  const Longs tables64(tables), spans64(spans), lengths64(lengths);
+  const int64_t *table = tables64.at, *span_of = spans64.at, *length_of = lengths64.at;
   const int64_t count = tables.size(0), width = tables.size(1);
   const int64_t blocks = cache_k.size(1) / block_size;
   for (int64_t i = 0; i < count * width; ++i)
