@@ -37,10 +37,12 @@ import torch
 log = structlog.get_logger("sluice.worker.kernel")
 
 SOURCE = Path(__file__).parent / "kernels" / "decode_attention.cpp"
-# What ATen's own kernels are built with for each capability (the vector types' width follows)
+# What ATen's own kernels are built with for each capability (the vector types' width follows).
+# NOTE: torch's headers convert half floats with F16C intrinsics; -mavx512f implies -mf16c, but
+# -mavx2 does not, and without it an AVX2 host (no AVX-512) fails to compile the headers.
 _CAPABILITY_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
-    "AVX2": ["-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
 }
 _lock = threading.Lock()
 _loaded: bool | None = None  # None: not tried yet in this process
