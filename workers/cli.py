@@ -20,6 +20,7 @@ from aiohttp import web
 
 from workers.app_keys import SERVICE
 from workers.config import DEVICES, DTYPES, WorkerConfig
+from workers.fair_policy import SCHEDULINGS
 from workers.logs import configure_logging as configure_logs
 from workers.server import create_worker_app
 from workers.speculative import MODES
@@ -64,7 +65,14 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs",
         type=int,
         default=_env("max-num-seqs") or _DEFAULTS.max_num_seqs,
-        help="sequences running at once; the rest wait (FIFO)",
+        help="sequences running at once; the rest wait (in --scheduling order)",
+    )
+    parser.add_argument(
+        "--scheduling",
+        choices=SCHEDULINGS,
+        default=_env("scheduling") or _DEFAULTS.scheduling,
+        help="fair: waiting requests go by tier, then by tenant under weighted fair sharing, "
+        "and a running one may yield to them; fcfs: arrival order, nothing yields",
     )
     parser.add_argument(
         "--max-num-batched-tokens",
@@ -188,6 +196,7 @@ def run_worker(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            scheduling=args.scheduling,
             step_time_target_s=args.step_time_target,
             block_size=args.block_size,
             num_kv_blocks=args.num_kv_blocks,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.fair_policy import SCHEDULINGS
 from workers.kv_cache import DEFAULT_KV_CACHE_MEMORY, parse_bytes
 from workers.limits import MAX_BODY_BYTES, worker_body_limit
 from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, MODES
@@ -35,6 +36,7 @@ class WorkerConfig:
     dtype: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    scheduling: str = "fair"  # fair | fcfs: who starts next, who yields (fair_policy.py)
     # a step's prefill is cut so the step ends within this (decodes keep their cadence); the
     # token budget above stays the cap. 0: prefill takes what the fixed budget leaves; None: the
     # device's default (STEP_TIME_TARGETS)
@@ -73,6 +75,10 @@ class WorkerConfig:
             raise ValueError(
                 f"speculative must be one of {', '.join(MODES)}, not {self.speculative!r}"
             )
+        if self.scheduling not in SCHEDULINGS:
+            raise ValueError(
+                f"scheduling must be one of {', '.join(SCHEDULINGS)}, not {self.scheduling!r}"
+            )
         if self.spec_tokens < 1:
             raise ValueError(f"spec_tokens must be at least 1, not {self.spec_tokens}")
 
@@ -84,6 +90,7 @@ class WorkerConfig:
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "scheduling": self.scheduling,
             "step_time_target_s": target or None,
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,

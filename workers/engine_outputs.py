@@ -41,6 +41,8 @@ class EngineStats:
     generated_tokens_total: int
     last_step_tokens: int = 0
     preemptions_total: int = 0
+    preemptions: dict[str, int] = field(default_factory=dict)  # by reason: kv, fairness, priority
+    max_num_seqs: int = 0  # sequences it runs at once: what a gateway's flow control sizes by
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     prefix_cache_hits: int = 0

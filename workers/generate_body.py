@@ -18,6 +18,7 @@ from workers.api import BadRequest
 from workers.limits import ROLES
 from workers.output_spec import ResponseFormat, ToolSpec, parse_response_format, parse_tools
 from workers.sampling_params import InvalidParam, SamplingParams
+from workers.share import DEFAULT_SHARE, InvalidShare, Share
 
 MAX_REQUEST_ID_LEN = 256
 # Far above any context length: the model's own limit is the worker's check (Engine.check_fits);
@@ -42,10 +43,13 @@ class GenerateRequest:
     cache_salt: str | None = None
     continuation: list[int] | None = None  # choice 0's ids a dead worker already streamed
     shared_system_prompt: bool = False  # the gateway's word: the first message is declared shared
+    share: Share | None = None  # its tenant (a digest), weight and tier, for fair scheduling
 
     def to_json(self) -> bytes:
         p = self.params
         extra: dict[str, Any] = {}
+        if self.share is not None:
+            extra["share"] = self.share.wire()
         if self.cache_salt is not None:
             extra["cache_salt"] = self.cache_salt
         if self.shared_system_prompt:
@@ -94,6 +98,18 @@ class GenerateBody:
     cache_salt: str | None = None  # prefix-cache isolation (the gateway sets one per tenant)
     continuation: tuple[int, ...] = ()  # choice 0's tokens another worker already streamed
     shared_system_prompt: bool = False  # the first message may be cached for every salt
+    share: Share = DEFAULT_SHARE  # its tenant, weight and tier (workers/fair_policy.py)
+
+
+def _share(body: dict[str, Any]) -> Share:
+    """Who the request is for; a body without one shares the default tenant's place."""
+    value = body.get("share")
+    if value is None:
+        return DEFAULT_SHARE
+    try:
+        return Share.from_wire(value)
+    except InvalidShare as e:
+        raise BadRequest(str(e), e.param) from None
 
 
 def _field(body: dict[str, Any], name: str, default: Any) -> Any:
@@ -257,5 +273,13 @@ def parse_generate(body: Any) -> GenerateBody:
     continuation = _continuation(body, params.n)
     shared = _bool(body, "shared_system_prompt", False)
     return GenerateBody(
-        request_id, messages, params, response_format, tools, salt, continuation, shared
+        request_id,
+        messages,
+        params,
+        response_format,
+        tools,
+        salt,
+        continuation,
+        shared,
+        _share(body),
     )

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workers.engine_outputs import EngineStats
+from workers.fair_policy import PREEMPTION_REASONS
 
 StatsSource = Callable[[], EngineStats | None]
 
@@ -34,7 +35,6 @@ _COUNTERS = (
         "Prompt tokens looked up.",
         "prefix_cache_queries",
     ),
-    ("sluice_worker_preemptions", "Sequences preempted for recompute.", "preemptions_total"),
     ("sluice_worker_generated_tokens", "Tokens generated.", "generated_tokens_total"),
     (
         "sluice_worker_spec_draft_tokens",
@@ -62,6 +62,16 @@ class _StatsCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=getattr(stats, attr) if stats else 0)
         for name, doc, attr in _COUNTERS:
             yield CounterMetricFamily(name, doc, value=getattr(stats, attr) if stats else 0)
+        preemptions = CounterMetricFamily(
+            "sluice_worker_preemptions",
+            "Sequences preempted for recompute, by reason: kv (blocks ran out), fairness (a "
+            "tenant under its share waited), priority (a higher tier waited).",
+            labels=["reason"],
+        )
+        by_reason = stats.preemptions if stats else {}
+        for reason in PREEMPTION_REASONS:
+            preemptions.add_metric([reason], by_reason.get(reason, 0))
+        yield preemptions
 
 
 class WorkerMetrics:

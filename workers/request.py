@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from workers import api
 from workers.block_manager import NO_HASH
 from workers.sampling_params import SamplingParams
+from workers.share import DEFAULT_SHARE, Share
 from workers.tool_parser import ToolCall
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class EngineRequest:
     # the prompt's first tokens that are a declared shared system prompt (chat.shared_prefix_len):
     # their full blocks are cached for every salt
     shared_prefix_len: int = 0
+    share: Share = DEFAULT_SHARE  # its tenant, weight and tier (fair_policy.py)
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +95,8 @@ class SequenceState:
     num_hashed_blocks: int = 0
     cache_salt: int = NO_HASH  # the block manager's chain start (block_manager.salt_hash)
     shared_blocks: int = 0  # leading blocks hashed without the salt (block_manager.chain_parent)
+    share: Share = DEFAULT_SHARE  # its request's tenant, weight and tier (fair_policy.py)
+    yields: int = 0  # times it was preempted for another's priority or fair share
     last_token_step: int = -1  # the engine step that produced the latest token
     last_step_tokens: int = 0  # how many tokens that step produced (a verified draft: several)
     # prompt-lookup speculation (speculative.py): the step's draft, also at the end of all_ids

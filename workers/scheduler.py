@@ -16,16 +16,22 @@ without one, prefill takes whatever the fixed token budget leaves. Optional work
 drafts) is added after the schedule and gets only `spare_tokens`: what is still left under the
 target after the decodes and prefill, so a step with drafts runs no longer than one without.
 
+Which waiting sequence starts next, and which running one yields its slot or blocks to it, is
+the sharing policy's (fair_policy.py): by tier, then by tenant under weighted fair sharing, or in
+arrival order with `fcfs`. Yields happen at the start of a step, before any sequence is given
+work, and are counted by reason (`kv`, `fairness`, `priority`).
+
 The scheduler owns the block manager: the engine asks it to admit, fork and release sequences
 and to record what a step computed, and never touches blocks itself (nano-vllm's split).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from workers.block_manager import BlockManager
+from workers.fair_policy import FairPolicy
 from workers.request import RequestStatus, SequenceState
 from workers.step_time import SETTLED_TOKENS, StepBudget
 
@@ -44,7 +50,7 @@ class Fork:
 class SchedulerStats:
     waiting: int  # requests
     running: int
-    preemptions: int
+    preemptions: dict[str, int]  # reason (kv, fairness, priority) → sequences preempted
     kv_blocks_used: int
     kv_blocks_total: int
     prefix_cache_hits: int
@@ -56,7 +62,8 @@ class ScheduledStep:
     """This step's work: (sequence, new tokens) pairs, in schedule order."""
 
     work: list[tuple[SequenceState, int]] = field(default_factory=list)
-    preempted: list[SequenceState] = field(default_factory=list)
+    preempted: list[SequenceState] = field(default_factory=list)  # for blocks, this step
+    yielded: list[SequenceState] = field(default_factory=list)  # to a waiting one, this step
     decodes: int = 0  # the first `decodes` of `work` are running sequences' one-token decodes
     # False: prefill took the whole budget beside decodes that had not settled (step_time.py)
     shaped: bool = True
@@ -74,7 +81,9 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         step_budget: StepBudget | None = None,
+        fair: bool = True,
     ) -> None:
+        """`fair` False: arrival order, and nothing yields (fair_policy.py)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
         self.blocks = blocks
@@ -83,11 +92,17 @@ class Scheduler:
         self.step_budget = step_budget  # None: prefill takes what the fixed budget leaves
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
-        self.preemptions = 0
+        self.policy = FairPolicy(max_num_seqs, fair)
+        self.preempted_by: Counter[str] = Counter()  # reason → sequences preempted
+
+    @property
+    def preemptions(self) -> int:
+        return sum(self.preempted_by.values())
 
     def add(self, seq: SequenceState) -> None:
         seq.status = RequestStatus.WAITING
         self.waiting.append(seq)
+        self.policy.entered(seq)
 
     def fits(self, num_tokens: int) -> bool:
         """Whether one sequence of `num_tokens` could ever be held by the whole cache."""
@@ -101,6 +116,7 @@ class Scheduler:
         partial = self.blocks.fork(leader, child)
         child.status = RequestStatus.RUNNING
         self.running.append(child)
+        self.policy.entered(child)
         return Fork(True, None if partial is None else (partial, child.block_table[-1]))
 
     def computed(self, work: list[tuple[SequenceState, int]]) -> None:
@@ -109,13 +125,14 @@ class Scheduler:
         for seq, new in work:
             seq.num_computed_tokens += new
             self.blocks.register_computed(seq)
+        self.policy.served(work)
 
     def stats(self) -> SchedulerStats:
         b = self.blocks
         return SchedulerStats(
             waiting=len({s.request_id for s in self.waiting}),
             running=len({s.request_id for s in self.running}),
-            preemptions=self.preemptions,
+            preemptions=dict(self.preempted_by),
             kv_blocks_used=b.num_used,
             kv_blocks_total=b.num_blocks,
             prefix_cache_hits=b.prefix_hits,
@@ -137,8 +154,10 @@ class Scheduler:
         """Remove a finished or aborted sequence and release its blocks (idempotent)."""
         if seq in self.running:
             self.running.remove(seq)
+            self.policy.left(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self.policy.left(seq)
         if seq.block_table:
             self.blocks.free(seq)
 
@@ -153,6 +172,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         """This step's work: every decode that fits, then prefill chunks within what is left."""
         step = ScheduledStep()
+        admitting = self._yield_to_waiting(step)
         # NOTE: decodes first, then prompts being prefilled, each group oldest first; a sequence
         # short of blocks preempts from the end of that order (the newest prompt, else the newest
         # decode), never one already given work this step.
@@ -183,7 +203,7 @@ class Scheduler:
         if not step.preempted:
             if prefill is None:
                 prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
-            self._admit(step, min(budget, prefill))
+            self._admit(step, min(budget, prefill), admitting)
         step.shaped = settled > 0 or step.num_tokens == step.decodes
         if self.step_budget is not None and step.work:
             self.step_budget.started()
@@ -210,23 +230,43 @@ class Scheduler:
     def _make_room(
         self, step: ScheduledStep, order: list[SequenceState], i: int, target: int
     ) -> bool:
-        """Grow `order[i]` to `target` tokens, preempting from the end of `order` for blocks;
-        False when it was preempted itself (it was the last one left)."""
+        """Grow `order[i]` to `target` tokens, preempting for blocks from the sequences after
+        it in `order` (the policy picks which); False when it was preempted itself (it was the
+        last one left)."""
         seq = order[i]
         while not self.blocks.can_grow(seq, target) and order[-1] is not seq:
-            step.preempted.append(self._preempt(order.pop()))
+            victim = self.policy.block_victim(order[i + 1 :], self.running)
+            order.remove(victim)
+            step.preempted.append(self._preempt(victim, "kv"))
         if not self.blocks.can_grow(seq, target):
-            step.preempted.append(self._preempt(order.pop()))
+            step.preempted.append(self._preempt(order.pop(), "kv"))
             return False
         self.blocks.grow(seq, target)
         return True
 
-    def _admit(self, step: ScheduledStep, budget: int) -> None:
-        while self.waiting and budget > 0 and self.has_room(self.waiting[0]):
-            seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq):
+    def _yield_to_waiting(self, step: ScheduledStep) -> list[SequenceState]:
+        """The waiting sequences in the order they may start; before that, running sequences
+        that yield to its head (a higher tier, or a tenant under its share) are preempted."""
+        order = self.policy.order(self.waiting, self.running)
+        if not order:
+            return order
+        head = order[0]
+        while not (self.has_room(head) and self.blocks.can_allocate(head)):
+            found = self.policy.victim(head, self._slots(head), self.running, self.waiting)
+            if found is None:
                 break
-            self.waiting.popleft()
+            victim, reason = found
+            victim.yields += 1
+            step.yielded.append(self._preempt(victim, reason))
+        return self.policy.order(self.waiting, self.running) if step.yielded else order
+
+    def _admit(self, step: ScheduledStep, budget: int, order: list[SequenceState]) -> None:
+        """Start waiting sequences in `order` while they fit; the first that does not, waits
+        (and so do those after it: none overtakes it)."""
+        for seq in order:
+            if budget <= 0 or not self.has_room(seq) or not self.blocks.can_allocate(seq):
+                break
+            self.waiting.remove(seq)
             self.blocks.allocate(seq)
             seq.status = RequestStatus.RUNNING
             self.running.append(seq)
@@ -234,10 +274,10 @@ class Scheduler:
             step.work.append((seq, new))
             budget -= new
 
-    def _preempt(self, seq: SequenceState) -> SequenceState:
+    def _preempt(self, seq: SequenceState, reason: str) -> SequenceState:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = RequestStatus.WAITING
         self.waiting.appendleft(seq)
-        self.preemptions += 1
+        self.preempted_by[reason] += 1
         return seq

@@ -93,6 +93,8 @@ async def stats(request: web.Request) -> web.Response:
             "prefix_cache_hits": snapshot.prefix_cache_hits,
             "prefix_cache_queries": snapshot.prefix_cache_queries,
             "steps": snapshot.steps_total,
+            "max_num_seqs": snapshot.max_num_seqs,
+            "preemptions": snapshot.preemptions,
         }
     )
 

@@ -195,6 +195,7 @@ class WorkerService:
             body.cache_salt,
             body.continuation,
             shared_prefix_len=shared,
+            share=body.share,
         )
 
     async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:

@@ -83,9 +83,9 @@ def test_a_preempted_request_is_not_admitted_again(tiny) -> None:
     preempted: set[str] = set()
     preempt = engine.scheduler._preempt
 
-    def recording(seq):
+    def recording(seq, reason):
         preempted.add(seq.request_id)
-        return preempt(seq)
+        return preempt(seq, reason)
 
     engine.scheduler._preempt = recording
     words = ["你好", "world", "café", "🚀", "naïve", "数据"]

@@ -82,7 +82,7 @@ def test_a_preempted_sequence_recomputes_prompt_and_output_from_the_cache():
     run_step(sched)
     run_step(sched)  # 9 prompt + 2 output tokens, 10 computed
     blocks.register_computed(seq)
-    sched._preempt(seq)
+    sched._preempt(seq, "kv")
     assert run_step(sched) == [("s", 3)]  # 8 tokens come back from the prefix cache
     assert blocks.prefix_hits == 8
 

@@ -32,6 +32,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "MAX_BODY_BYTES",
         "GRAMMAR_TIMEOUT",
         "STEP_TIME_TARGET",
+        "SCHEDULING",
     ):
         monkeypatch.delenv(f"SLUICE_{name}", raising=False)
 
@@ -46,6 +47,7 @@ def test_defaults() -> None:
         "dtype": "auto",
         "max_num_seqs": 32,
         "max_num_batched_tokens": 512,
+        "scheduling": "fair",
         "step_time_target": None,  # the device's default (workers.config.STEP_TIME_TARGETS)
         "block_size": 16,
         "kv_cache_memory": "2GiB",
@@ -73,6 +75,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
     monkeypatch.setenv("SLUICE_STEP_TIME_TARGET", "0.2")
     monkeypatch.setenv("SLUICE_SPECULATIVE", "off")
     monkeypatch.setenv("SLUICE_SPEC_TOKENS", "3")
+    monkeypatch.setenv("SLUICE_SCHEDULING", "fcfs")
     assert vars(parse([])) == {
         "model": "/models/a",
         "port": 9100,
@@ -81,6 +84,7 @@ def test_every_flag_reads_the_environment_and_flags_win(monkeypatch) -> None:
         "dtype": "float32",
         "max_num_seqs": 4,
         "max_num_batched_tokens": 128,
+        "scheduling": "fcfs",
         "step_time_target": 0.2,
         "block_size": 8,
         "kv_cache_memory": "64MiB",

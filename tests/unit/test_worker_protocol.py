@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from workers.api import BadRequest
 from workers.generate_body import GenerateRequest, parse_generate
 from workers.sampling_params import SamplingParams
+from workers.share import Share
 
 
 def body(**overrides) -> dict:
@@ -88,6 +89,11 @@ def test_null_means_default_and_a_single_stop_string_is_accepted() -> None:
         (body(logprobs="yes"), "logprobs", "invalid_type"),
         (body(ignore_eos=1), "ignore_eos", "invalid_type"),
         (body(shared_system_prompt="yes"), "shared_system_prompt", "invalid_type"),
+        (body(share=[]), "share", "invalid_value"),
+        (body(share={"tenant": 7}), "share.tenant", "invalid_value"),
+        (body(share={"weight": 0}), "share.weight", "invalid_value"),
+        (body(share={"weight": "2"}), "share.weight", "invalid_value"),
+        (body(share={"tier": "gold"}), "share.tier", "invalid_value"),
     ],
 )
 def test_refusals_name_the_field(raw, param: str | None, code: str) -> None:
@@ -113,6 +119,7 @@ GENERATE_FIELDS = [
     "top_logprobs",
     "ignore_eos",
     "shared_system_prompt",
+    "share",
 ]
 
 
@@ -135,7 +142,7 @@ def test_any_json_is_parsed_or_refused_with_a_named_field(fields) -> None:
     try:
         parse_generate(body)
     except BadRequest as refused:
-        assert refused.param is None or refused.param in GENERATE_FIELDS
+        assert refused.param is None or refused.param.split(".")[0] in GENERATE_FIELDS
 
 
 def test_the_adapters_body_parses_back_to_the_same_parameters() -> None:
@@ -159,3 +166,15 @@ def test_the_shared_system_prompt_flag_travels_only_when_set() -> None:
     plain = orjson.loads(GenerateRequest("r", messages, SamplingParams()).to_json())
     assert "shared_system_prompt" not in plain
     assert parse_generate(plain).shared_system_prompt is False
+
+
+def test_the_share_travels_when_set_and_defaults_to_the_default_tenant() -> None:
+    share = Share("d1g35t", 3.0, "priority")
+    sent = GenerateRequest("r", [{"role": "user", "content": "hi"}], SamplingParams(), share=share)
+    assert orjson.loads(sent.to_json())["share"] == {
+        "tenant": "d1g35t",
+        "weight": 3.0,
+        "tier": "priority",
+    }
+    assert parse_generate(orjson.loads(sent.to_json())).share == share
+    assert parse_generate(body()).share == Share("", 1.0, "default")
