@@ -124,8 +124,12 @@ class OpenAIUpstreamAdapter:
         base_url: str,
         api_key: str | None = None,
         upstream_model: str | None = None,
+        capacity: int | None = None,
     ) -> None:
+        """`capacity`: the runs the server takes at once before it queues (design §11); None:
+        unknown, so the gateway never holds runs back for it."""
         self.name = name
+        self._capacity = capacity
         self.base_url = base_url.rstrip("/")
         self.upstream_model = upstream_model or name
         self._headers = {"Content-Type": "application/json"}
@@ -158,6 +162,9 @@ class OpenAIUpstreamAdapter:
                 return resp.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
+
+    def capacity(self) -> int | None:
+        return self._capacity
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
         return None  # the upstream is the judge; its 400s are relayed with the field named

@@ -107,6 +107,19 @@ class PoolAdapter:
         refused = [m.adapter.unsupported_param(request) for m in self.members]
         return None if None in refused else refused[0]
 
+    def capacity(self) -> int | None:
+        """Runs this gateway may stream from the pool at once: the sum of its usable members'
+        (flow control, design §11); None when one of them has no known bound."""
+        now = self.clock()
+        total = 0
+        for member in self.members:
+            if member.usable(now):
+                capacity = member.capacity()
+                if capacity is None:
+                    return None
+                total += capacity
+        return total
+
     @property
     def affinity_routes(self) -> int:
         return self.router.affinity_routes

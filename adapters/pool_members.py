@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import Adapter
+from adapters.worker_client import engine_slots
 
 EJECT_FOR = 5.0  # seconds a member that failed a request sits out (a passing probe ends it early)
 EVICT_AFTER_PROBES = 3  # a member silent for this many probes in a row has its streams moved
@@ -96,6 +97,8 @@ class Member:
     leases: set[Lease] = field(default_factory=set)  # this gateway's requests streaming from it
     prefix_hit_ratio: float | None = None  # its prefix cache's hits / lookups, as it reports
     kv_usage: float = 0.0  # the share of its KV blocks in use, as it reports
+    slots: int | None = None  # engine_slots of its max_num_seqs, as it reports
+    others: int = 0  # of its reported load, what is not this gateway's (other replicas')
     # counted for the metrics
     requests_total: int = 0
     failures_total: int = 0
@@ -111,6 +114,15 @@ class Member:
     @property
     def in_flight(self) -> int:
         return len(self.leases)
+
+    def capacity(self) -> int | None:
+        """Runs this gateway may stream from it at once (flow control, design §11): its slots
+        less what other replicas run there, as it last reported; else the adapter's own
+        bound (an upstream's configured capacity); None: unbounded."""
+        if self.slots is not None:
+            return max(0, self.slots - self.others)
+        own = getattr(self.adapter, "capacity", None)
+        return None if own is None else own()
 
     def score(self) -> int:
         return self.load + self.routed if self.reported else self.in_flight
@@ -176,6 +188,10 @@ class Member:
         self.reports += 1
         work = int(stats.get("waiting", 0)) + int(stats.get("running", 0))
         self.load = work
+        self.others = max(0, work - len(self.leases))
+        max_num_seqs = stats.get("max_num_seqs")
+        if isinstance(max_num_seqs, int) and max_num_seqs > 0:
+            self.slots = engine_slots(max_num_seqs)
         total = stats.get("kv_blocks_total") or 0
         self.kv_usage = (stats.get("kv_blocks_used") or 0) / total if total else 0.0
         queries = stats.get("prefix_cache_queries") or 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.share import Share
+
 
 @dataclass(slots=True)
 class Message:
@@ -49,6 +51,10 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
+    service_tier: str | None = None  # as asked: auto, default, flex, priority (None: auto)
+    # set by the gateway, never by a client: the tenant (a digest), its weight and the tier
+    # served, which fair sharing schedules by (design §11)
+    share: Share | None = None
     # set by the gateway, never by a client: our workers share cached prompt blocks only between
     # requests of one salt (one tenant, unless it opted into sharing)
     cache_salt: str | None = None

@@ -45,15 +45,23 @@ class ChunkRenderer:
 
     __slots__ = ("_prefix",)
 
-    def __init__(self, completion_id: str, model: str, created: int | None = None) -> None:
-        head = orjson.dumps(
-            {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": int(time.time()) if created is None else created,
-                "model": model,
-            }
-        )
+    def __init__(
+        self,
+        completion_id: str,
+        model: str,
+        created: int | None = None,
+        service_tier: str | None = None,
+    ) -> None:
+        """`service_tier`: the tier that served the run, echoed in every chunk (design §11)."""
+        head: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()) if created is None else created,
+            "model": model,
+        }
+        if service_tier is not None:
+            head["service_tier"] = service_tier
+        head = orjson.dumps(head)
         self._prefix = head[:-1] + b',"choices":'
 
     def _choices(self, choices: list[dict[str, Any]], tail: bytes = b"}") -> bytes:
@@ -142,10 +150,19 @@ class CompletionBuilder:
     def finish_reason(self, index: int = 0) -> str:
         return self._finish[index] or "stop"
 
-    def build(self, completion_id: str, model: str, created: int, *, early: bool = False) -> bytes:
+    def build(
+        self,
+        completion_id: str,
+        model: str,
+        created: int,
+        *,
+        early: bool = False,
+        service_tier: str | None = None,
+    ) -> bytes:
         """The object; `early` for a run that ended before the upstream finished it: a choice
         with no finish has `finish_reason` null, and usage the upstream never reported is null
-        (the run end's log line and usage record have what was generated and billed)."""
+        (the run end's log line and usage record have what was generated and billed).
+        `service_tier`: the tier that served it, when known."""
         choices = []
         for i, parts in enumerate(self._text):
             calls = [self._tool_calls[i][k] for k in sorted(self._tool_calls[i])]
@@ -168,16 +185,17 @@ class CompletionBuilder:
         usage = self.usage
         if usage is None and not early:
             usage = Usage(0, 0)
-        return orjson.dumps(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": choices,
-                "usage": None if usage is None else usage_dict(usage),
-            }
-        )
+        completion: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+        }
+        if service_tier is not None:
+            completion["service_tier"] = service_tier
+        completion["choices"] = choices
+        completion["usage"] = None if usage is None else usage_dict(usage)
+        return orjson.dumps(completion)
 
 
 def completion_chunks(raw: bytes, include_usage: bool = False) -> list[bytes]:
@@ -185,7 +203,12 @@ def completion_chunks(raw: bytes, include_usage: bool = False) -> list[bytes]:
     whose own events are no longer kept: per choice its role, all its content (and tool calls),
     its finish; then the usage chunk when asked for."""
     completion = orjson.loads(raw)
-    renderer = ChunkRenderer(completion["id"], completion["model"], completion["created"])
+    renderer = ChunkRenderer(
+        completion["id"],
+        completion["model"],
+        completion["created"],
+        completion.get("service_tier"),
+    )
     chunks: list[bytes] = []
     for choice in completion["choices"]:
         i, message = choice["index"], choice["message"]

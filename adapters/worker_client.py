@@ -49,6 +49,14 @@ _PASSED_CODES = frozenset(
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
 
 
+def engine_slots(max_num_seqs: int) -> int:
+    """The runs a gateway sends one worker before it queues them itself (design §11): a full
+    batch running and as many waiting in the engine, where its fair scheduler orders them and
+    lets a waiting one of a higher tier or an under-served tenant take a running one's slot at
+    the next step; beyond that, runs wait in the gateway's fair queues."""
+    return 2 * max_num_seqs
+
+
 def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
     """The worker's `/v1/generate` body for a chat request."""
     params = SamplingParams(
@@ -78,6 +86,7 @@ def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
         request.cache_salt,
         request.continuation,
         request.shared_system_prompt,
+        request.share,
     )
 
 
@@ -126,6 +135,7 @@ class WorkerAdapter:
         self._session: aiohttp.ClientSession | None = None
         self._model: ModelInfo | None = None
         self._max_body: int | None = None  # the worker's own body limit, as it reports it
+        self._slots: int | None = None  # engine_slots of its max_num_seqs, as it reports it
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
@@ -154,6 +164,8 @@ class WorkerAdapter:
             info["id"], max_model_len=info.get("max_model_len"), created=info.get("created")
         )
         self._max_body = info.get("max_body_bytes")
+        max_num_seqs = info.get("max_num_seqs")
+        self._slots = engine_slots(max_num_seqs) if isinstance(max_num_seqs, int) else None
 
     async def models(self) -> list[ModelInfo]:
         return [self._model] if self._model else []
@@ -178,6 +190,11 @@ class WorkerAdapter:
                 return await resp.json() if resp.status == 200 else None
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
+
+    def capacity(self) -> int | None:
+        """Runs this gateway may stream from the worker at once (flow control, design §11);
+        None from a worker that does not say how many it runs."""
+        return self._slots
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
         """Nothing: tools, tool_choice and response_format are enforced by the worker."""

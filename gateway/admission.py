@@ -16,6 +16,7 @@ from gateway.errors import APIError, invalid_request, model_not_found, overloade
 from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
 from policies.quotas import estimate_prompt_tokens as estimate
 from policies.tenants import Tenant, TenantLimits
+from workers.share import Share
 
 
 def quota_limits(limits: TenantLimits) -> QuotaLimits:
@@ -47,6 +48,7 @@ def backend_for(request: web.Request, tenant: Tenant, chat: ChatRequest, body: d
         )
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
     cap_max_tokens(tenant, chat, named or "max_tokens")
+    chat.share = share_for(tenant, chat.service_tier)
     param = adapter.unsupported_param(chat)
     if param is not None:
         raise invalid_request(
@@ -57,6 +59,21 @@ def backend_for(request: web.Request, tenant: Tenant, chat: ChatRequest, body: d
     if not app[HEALTH].ready(adapter):
         raise overloaded(f"No backend for model '{chat.model}' is ready; retry shortly.")
     return adapter
+
+
+def share_for(tenant: Tenant, asked: str | None) -> Share:
+    """The tenant's share for a request that asked for `service_tier` `asked` (None or `auto`:
+    the tenant's default tier); a tier the tenant may not use is a 400 naming the field."""
+    sharing = tenant.sharing
+    tier = sharing.default_tier if asked in (None, "auto") else asked
+    if tier not in sharing.tiers:
+        allowed = ", ".join(f"'{t}'" for t in ("auto", *sharing.tiers))
+        raise invalid_request(
+            "service_tier",
+            f"Your key may not use service_tier '{tier}'; it may use {allowed}.",
+            code="service_tier_not_allowed",
+        )
+    return Share(tenant.digest, sharing.weight, tier)
 
 
 def cap_max_tokens(tenant: Tenant, chat: ChatRequest, param: str = "max_tokens") -> None:

@@ -58,7 +58,12 @@ class ChatFrames:
             return events
         if self._renderer is None:
             record = self._record
-            self._renderer = ChunkRenderer(record.run_id, record.model, int(record.created))
+            self._renderer = ChunkRenderer(
+                record.run_id,
+                record.model,
+                int(record.created),
+                record.meta.get("service_tier"),
+            )
         return coalesce(events, self._renderer)
 
     def ending(self, terminal: TerminalRecord) -> LogEvents:

@@ -12,12 +12,23 @@ from aiohttp import web
 from adapters.base import Adapter
 from adapters.catalog import Catalog
 from adapters.pool import PoolAdapter
-from gateway.app_keys import AUTH, CATALOG, DRAIN, HEALTH, METRICS, OPEN_STREAMS, RUNS, SETTINGS
+from gateway.app_keys import (
+    AUTH,
+    CATALOG,
+    DRAIN,
+    FLOWS,
+    HEALTH,
+    METRICS,
+    OPEN_STREAMS,
+    RUNS,
+    SETTINGS,
+)
 from gateway.backend_health import BackendHealth
 from gateway.backends import local_workers, member_adapters, routed_backends
 from gateway.cors import add_cors_headers, preflight
 from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.drain import SETTLE_MARGIN, Drain
+from gateway.flow_control import Flows
 from gateway.follow_access import follow_tokens_ctx
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.docs import openapi_json
@@ -80,6 +91,7 @@ def _backends(adapters: list[Adapter] | None):
             log.info("backends ready", models=[m.id for m in app[CATALOG].models()])
             yield
         finally:
+            app[FLOWS].close()
             if health is not None:
                 await health.stop()
             for adapter in started:
@@ -110,6 +122,8 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics()
     app[AUTH] = build_authenticator(settings)
+    app[METRICS].know_tenants(app[AUTH].config.tenants.values())
+    app[FLOWS] = Flows(app[METRICS], enabled=settings.scheduling == "fair")
     app[CATALOG] = Catalog()
     app[OPEN_STREAMS] = weakref.WeakSet()
     app[DRAIN] = Drain(settings.shutdown_timeout, settings.cancel_confirm_timeout + SETTLE_MARGIN)

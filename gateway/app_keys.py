@@ -9,6 +9,7 @@ from aiohttp import web
 from adapters.catalog import Catalog
 from gateway.backend_health import BackendHealth
 from gateway.drain import Drain
+from gateway.flow_control import Flows
 from gateway.follow_tokens import FollowTokens
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
@@ -37,6 +38,7 @@ OPENER = web.AppKey("opener", RedisOpener)  # only with --redis-url
 DEFERRED = web.AppKey("deferred", DeferredWrites)
 DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
 FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)
+FLOWS = web.AppKey("flows", Flows)  # each backend's flow control (design §11)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

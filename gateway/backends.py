@@ -27,7 +27,13 @@ def local_workers(settings: Settings) -> list[LocalWorker]:
         return []
     model = settings.model or DEFAULT_MODEL
     return [
-        LocalWorker(model, settings.device, settings.dtype, settings.max_body_bytes)
+        LocalWorker(
+            model,
+            settings.device,
+            settings.dtype,
+            settings.max_body_bytes,
+            scheduling=settings.scheduling,
+        )
         for _ in range(max(1, settings.workers))
     ]
 
@@ -36,9 +42,11 @@ def member_adapters(settings: Settings, workers: list[LocalWorker]) -> list[Adap
     """An adapter per member: local workers first, then `--worker-url`, then `--upstream`."""
     members: list[Adapter] = [WorkerAdapter(w.url, name=w.name) for w in workers]
     members += [WorkerAdapter(url, name=f"worker:{url}") for url in settings.worker_url]
-    for name, url in settings.upstreams():
-        key = os.environ.get(f"SLUICE_UPSTREAM_API_KEY_{name.upper().replace('-', '_')}")
-        members.append(OpenAIUpstreamAdapter(name, url, api_key=key))
+    for spec in settings.upstream_specs():
+        key = os.environ.get(f"SLUICE_UPSTREAM_API_KEY_{spec.name.upper().replace('-', '_')}")
+        members.append(
+            OpenAIUpstreamAdapter(spec.name, spec.url, api_key=key, capacity=spec.capacity)
+        )
     return members
 
 

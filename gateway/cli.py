@@ -14,7 +14,7 @@ from aiohttp import web
 from adapters.pool_routing import ROUTINGS
 from gateway.gc_policy import settle_for_serving
 from gateway.http_server import GatewayRunner
-from gateway.settings import Settings, load_settings
+from gateway.settings import SCHEDULINGS, Settings, load_settings
 from policies.auth import generate_key
 from workers.logs import configure_logging
 
@@ -32,8 +32,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--upstream",
         action="append",
         default=[],
-        metavar="NAME=BASE_URL",
-        help="an OpenAI-compatible server that serves model NAME",
+        metavar="NAME=BASE_URL[#capacity=N]",
+        help="an OpenAI-compatible server that serves model NAME; #capacity=N: the runs it "
+        "takes at once, beyond which they wait in this gateway's fair queues",
     )
     _add_run_arguments(p)
     _add_browser_arguments(p)
@@ -106,6 +107,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(ROUTINGS),
         help="how a pool picks a member: affinity (prefix cache, bounded by load; the default), "
         "least_load, random",
+    )
+    p.add_argument(
+        "--scheduling",
+        choices=list(SCHEDULINGS),
+        help="fair (the default): runs for a saturated backend wait in per-tenant queues here, "
+        "by tier and weight, and local workers schedule the same way; fcfs: as they come",
     )
     p.add_argument(
         "--shutdown-timeout",

@@ -11,7 +11,7 @@ from dataclasses import replace
 import structlog
 from aiohttp import web
 
-from gateway.app_keys import AUTH, SETTINGS
+from gateway.app_keys import AUTH, METRICS, SETTINGS
 from gateway.settings import Settings
 from gateway.tasks import stop_tasks
 from policies.auth import Authenticator
@@ -57,6 +57,7 @@ async def watch_tenants_file(app: web.Application) -> AsyncIterator[None]:
 
     def apply(config: TenantsConfig) -> None:  # reload_now logs the outcome
         app[AUTH].reload(with_api_keys(config, settings.api_key))
+        app[METRICS].know_tenants(app[AUTH].config.tenants.values())
 
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(watch_tenants(path, apply), name="tenants watch")

@@ -107,6 +107,7 @@ _STATUS_FOR_CODE = {
     "model_not_found": 404,
     "request_too_large": 413,
     "overloaded": 503,
+    "rate_limit_exceeded": 429,
     "upstream_error": 502,
     "store_unavailable": 503,
     "run_lost": 502,

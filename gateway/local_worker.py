@@ -43,10 +43,18 @@ class LocalWorker:
     """One worker child process serving `model` on a loopback port."""
 
     def __init__(
-        self, model: str, device: str, dtype: str, max_body_bytes: int, port: int | None = None
+        self,
+        model: str,
+        device: str,
+        dtype: str,
+        max_body_bytes: int,
+        port: int | None = None,
+        scheduling: str = "fair",
     ) -> None:
-        """`max_body_bytes` is the gateway's own limit: the worker takes whatever it forwards."""
+        """`max_body_bytes` is the gateway's own limit: the worker takes whatever it forwards;
+        `scheduling` the gateway's own (fair or fcfs)."""
         self.model = model
+        self.scheduling = scheduling
         self.device = device
         self.dtype = dtype
         self.max_body_bytes = worker_body_limit(max_body_bytes)
@@ -72,6 +80,8 @@ class LocalWorker:
             self.dtype,
             "--max-body-bytes",
             str(self.max_body_bytes),
+            "--scheduling",
+            self.scheduling,
         ]
 
     async def start(self, ready_within: float) -> None:

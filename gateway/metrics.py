@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
+
+from policies.tenants import Tenant
+from workers.share import TIERS
 
 # NOTE: LLM latencies span five orders of magnitude: a cached short answer's first token in a
 # millisecond or two, a long generation (or a queue under load) in minutes, up to the default
@@ -71,6 +74,7 @@ class GatewayMetrics:
         self._cancel_metrics(self.registry)
         self._client_metrics(self.registry)
         self._tenant_metrics(self.registry)
+        self._flow_metrics(self.registry)
         self._process_metrics(self.registry)
 
     def _run_metrics(self, r: CollectorRegistry) -> None:
@@ -196,6 +200,52 @@ class GatewayMetrics:
             r,
         )
         self.safety = SafetyMeter(actions, hold)
+
+    def _flow_metrics(self, r: CollectorRegistry) -> None:
+        """Fair sharing at work (design §11): queues, sheds, who got served. `tenant` is a
+        name the tenants file gives, so the labels stay bounded."""
+        self.queue_depth = Gauge(
+            "sluice_flow_queue_depth",
+            "Runs waiting for capacity in this replica's fair queues, by tenant and tier.",
+            ["tenant", "tier"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "sluice_flow_queue_wait_seconds",
+            "Time a run waited for capacity in this replica (0: dispatched at once).",
+            ["tenant", "tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.shed = Counter(
+            "sluice_flow_shed_total",
+            "Runs refused (429) or evicted because their tenant's queue was full, by tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.tokens_served = Counter(
+            "sluice_tenant_tokens_served_total",
+            "Tokens generated for a tenant's runs (counted as each run ends).",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_weight = Gauge(
+            "sluice_tenant_weight",
+            "A tenant's weight in the tenants file: its share of a saturated pool, relative.",
+            ["tenant"],
+            registry=r,
+        )
+
+    def know_tenants(self, tenants: Iterable[Tenant]) -> None:
+        """Export every named tenant's series from the start (at 0), and its weight; called at
+        start and on each reload of the tenants file."""
+        for tenant in tenants:
+            self.tenant_weight.labels(tenant.name).set(tenant.sharing.weight)
+            self.tokens_served.labels(tenant.name)
+            for tier in tenant.sharing.tiers:
+                self.queue_depth.labels(tenant.name, tier)
+        for tier in TIERS:
+            self.shed.labels(tier)
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         """The gateway process: its local workers and what it holds in memory."""

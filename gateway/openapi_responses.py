@@ -17,10 +17,11 @@ from gateway.openapi import (
     _errors,
     _get,
 )
-from gateway.openapi_schemas import _nullable, _number, _object, _parameters, ref
+from gateway.openapi_schemas import SERVICE_TIER, _nullable, _number, _object, _parameters, ref
 from gateway.protocol import MAX_INT64, TOOL_CHOICES
 from gateway.responses.items import ROLES, TEXT_PARTS
 from gateway.responses.request import REFUSED
+from workers.share import TIERS
 
 STATUSES = ["queued", "in_progress", "completed", "incomplete", "cancelled", "failed"]
 EVENTS_TEXT = (
@@ -105,6 +106,7 @@ def _request() -> dict[str, Any]:
             "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
             "user": _nullable("string"),
             "parallel_tool_calls": {"enum": [True, None]},
+            "service_tier": SERVICE_TIER,
             **refused,
         },
         "additionalProperties": False,
@@ -125,6 +127,7 @@ def _schemas() -> dict[str, Any]:
         created_at={"type": "integer"},
         status={"enum": STATUSES},
         model={"type": "string"},
+        service_tier={"enum": [*TIERS, None]},
         output={"type": "array", "items": {"type": "object"}},
         usage={"type": ["object", "null"]},
         error={"type": ["object", "null"]},

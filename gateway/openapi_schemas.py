@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocol import MAX_INT64, RESPONSE_FORMATS, TOOL_CHOICES
+from gateway.protocol import MAX_INT64, RESPONSE_FORMATS, SERVICE_TIERS, TOOL_CHOICES
 from workers.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
+from workers.share import TIERS
 
 _REF = "#/components/schemas/"
+SERVICE_TIER = {
+    "enum": [*SERVICE_TIERS, None],
+    "description": "auto (or null): the key's default tier; a tier the key may not use is a 400. "
+    "priority goes ahead of default; flex is sheddable batch work (design §11).",
+}
 STREAM_TEXT = (
     "Server-sent events: `id: <seq>` and `data: <chat.completion.chunk>` frames, "
     "`: ping` comments while idle, an `error` frame on a failure, then `data: [DONE]`."
@@ -185,6 +191,7 @@ def _chat_request() -> dict[str, Any]:
             },
             "user": _nullable("string"),
             "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "service_tier": SERVICE_TIER,
         },
     }
 
@@ -211,6 +218,7 @@ def _chat_completion() -> dict[str, Any]:
             "object": {"const": "chat.completion"},
             "created": {"type": "integer"},
             "model": {"type": "string"},
+            "service_tier": {"enum": list(TIERS), "description": "The tier that served it."},
             "choices": {"type": "array", "items": choice},
             "usage": {"type": ["object", "null"]},
             "status": {

@@ -19,10 +19,12 @@ from workers.limits import (
     ROLES,
     shown,
 )
+from workers.share import TIERS
 
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 MAX_INT64 = 2**63 - 1  # what a body can carry on to a backend
+SERVICE_TIERS = ("auto", *TIERS)
 
 
 def _type_name(value: Any) -> str:
@@ -274,6 +276,17 @@ def _parse_metadata(body: dict[str, Any]) -> dict[str, str] | None:
     return metadata
 
 
+def _parse_service_tier(body: dict[str, Any]) -> str | None:
+    tier = _expect(body, "service_tier", (str,), "a string")
+    if tier is not None and tier not in SERVICE_TIERS:
+        raise invalid_request(
+            "service_tier",
+            f"Invalid value for 'service_tier': {_quoted(tier)}. Supported values are 'auto', "
+            "'default', 'flex' and 'priority'.",
+        )
+    return tier
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate a decoded JSON body; raise `APIError` naming the first bad field."""
     if not isinstance(body, dict):
@@ -323,4 +336,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
         response_format=_parse_response_format(body),
         user=_expect(body, "user", (str,), "a string"),
         metadata=_parse_metadata(body),
+        service_tier=_parse_service_tier(body),
     )

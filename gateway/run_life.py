@@ -10,8 +10,9 @@ reservation and its key, so a retry can try again.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
@@ -21,6 +22,7 @@ from gateway.admission import backend_for, prompt_estimate, quota_request, refus
 from gateway.app_keys import (
     AUTH,
     DEFERRED,
+    FLOWS,
     LEDGER,
     OPENER,
     PRINCIPAL,
@@ -32,6 +34,7 @@ from gateway.app_keys import (
     TENANT,
 )
 from gateway.errors import APIError
+from gateway.flow_control import Shed, Ticket
 from gateway.ledger import UsageRecord
 from gateway.redis_open import KeyClaim, RedisOpener
 from gateway.runs.manager import new_run_id
@@ -103,6 +106,33 @@ class RunLife:
             raise
 
     async def _open(self) -> Opened:
+        ticket = self._take_ticket()
+        self.spec = replace(self.spec, ticket=ticket)
+        try:
+            opened = await self._open_run()
+        except BaseException:
+            ticket.done(None, 0)  # no run: its place goes back
+            raise
+        if opened.run_id != self.spec.run_id:  # a repeat, answered from the earlier run
+            ticket.done(None, 0)
+        return opened
+
+    def _take_ticket(self) -> Ticket:
+        """The run's place in its backend's flow control: dispatched at once, or queued; a
+        429 when its tenant's queue is full (design §11)."""
+        chat, app = self.chat, self.app
+        prompt = prompt_estimate(chat)
+        cost = prompt + (chat.max_tokens or app[SETTINGS].default_max_tokens) * chat.n
+        flow = app[FLOWS].of(self.spec.adapter)
+        sharing = self.tenant.sharing
+        try:
+            return flow.admit(
+                self.spec.run_id, self.tenant.name, chat.share, sharing.max_queued, prompt, cost
+            )
+        except Shed as exc:
+            raise shed(exc) from None
+
+    async def _open_run(self) -> Opened:
         opener = self.app.get(OPENER)
         if opener is not None and (opened := await self._open_at_once(opener)) is not None:
             return opened
@@ -201,6 +231,18 @@ class RunLife:
         for result in await asyncio.gather(*writes, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
+
+
+def shed(exc: Shed) -> APIError:
+    """The 429 for a run its tenant's full queue turned away (design §11)."""
+    return APIError(
+        429,
+        f"Too many of your requests are waiting for capacity in the '{exc.tier}' tier; "
+        "retry later, or send fewer at once.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(math.ceil(exc.retry_after))},
+    )
 
 
 def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) -> bool:

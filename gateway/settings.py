@@ -13,6 +13,17 @@ from gateway.runs.deadlines import Deadlines
 from workers.limits import MAX_BODY_BYTES
 
 DEFAULT_MODEL = "default"
+SCHEDULINGS = ("fair", "fcfs")
+
+
+@dataclass(slots=True, frozen=True)
+class UpstreamSpec:
+    """An OpenAI-compatible server serving model `name`; `capacity`: the runs it takes at once
+    before it queues (design §11), None when unknown."""
+
+    name: str
+    url: str
+    capacity: int | None = None
 
 
 @dataclass(slots=True)
@@ -25,6 +36,8 @@ class Settings:
     workers: int = 1
     worker_url: list[str] = field(default_factory=list)
     upstream: list[str] = field(default_factory=list)
+    # the config file's `[upstreams.NAME]` tables: url = "…", capacity = 64 (design §11)
+    upstreams: dict[str, Any] = field(default_factory=dict)
     api_key: list[str] = field(default_factory=list)
     tenants: str | None = None
     redis_url: str | None = None
@@ -57,16 +70,23 @@ class Settings:
     stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung
     shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
     pool_routing: str = "affinity"  # affinity | least_load | random (adapters/pool_routing.py)
+    # fair: saturated backends' runs wait in fair queues here, and local workers schedule by
+    # tier and tenant; fcfs: runs go as they come (design §11)
+    scheduling: str = "fair"
     worker_start_timeout: float = 300.0
     follow_token_ttl: float = 3600.0  # seconds a run's follow token lets a browser read it
     follow_token_secret: str | None = None  # env or --config only (gateway/follow_access.py)
     cors_origin: list[str] = field(default_factory=list)  # browser origins allowed (or "*")
     log_level: str = "info"
 
+    def __post_init__(self) -> None:
+        if self.scheduling not in SCHEDULINGS:
+            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}")
+
     @property
     def starts_local_workers(self) -> bool:
         """design §9: a local worker unless only remote backends were named."""
-        return self.model is not None or not (self.worker_url or self.upstream)
+        return self.model is not None or not (self.worker_url or self.upstream or self.upstreams)
 
     def deadlines(self, overrides: dict[str, float] | None = None) -> Deadlines:
         """The run deadlines; a tenant's own values (`queue_timeout`, …) replace the defaults."""
@@ -83,15 +103,44 @@ class Settings:
             total=limit("total_timeout", self.total_timeout),
         )
 
-    def upstreams(self) -> list[tuple[str, str]]:
-        """`NAME=BASE_URL` pairs, validated."""
-        pairs = []
-        for spec in self.upstream:
-            name, sep, url = spec.partition("=")
-            if not sep or not name or not url.startswith(("http://", "https://")):
-                raise ValueError(f"--upstream expects NAME=BASE_URL, got {spec!r}")
-            pairs.append((name, url))
-        return pairs
+    def upstream_specs(self) -> list[UpstreamSpec]:
+        """`--upstream NAME=BASE_URL[#capacity=N]`, then the config file's `[upstreams.NAME]`
+        tables, validated."""
+        specs = [_upstream_flag(spec) for spec in self.upstream]
+        for name, table in self.upstreams.items():
+            if not isinstance(table, dict) or set(table) - {"url", "capacity"}:
+                raise ValueError(f"[upstreams.{name}] takes url and capacity only")
+            url, capacity = table.get("url"), table.get("capacity")
+            specs.append(UpstreamSpec(name, _upstream_url(name, url), _capacity(name, capacity)))
+        return specs
+
+
+def _upstream_flag(spec: str) -> UpstreamSpec:
+    name, sep, rest = spec.partition("=")
+    url, hashed, option = rest.partition("#")
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise ValueError(f"--upstream expects NAME=BASE_URL[#capacity=N], got {spec!r}")
+    capacity = None
+    if hashed:
+        key, eq, value = option.partition("=")
+        if key != "capacity" or not eq or not value.isdigit():
+            raise ValueError(f"--upstream takes #capacity=N after the URL, got {spec!r}")
+        capacity = _capacity(name, int(value))
+    return UpstreamSpec(name, url, capacity)
+
+
+def _upstream_url(name: str, url: object) -> str:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"[upstreams.{name}] url must be an http(s) base URL, got {url!r}")
+    return url
+
+
+def _capacity(name: str, capacity: object) -> int | None:
+    if capacity is None:
+        return None
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"upstream {name!r}: capacity must be a positive integer")
+    return capacity
 
 
 def _coerce(value: str, like: Any, is_list: bool) -> Any:

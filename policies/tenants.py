@@ -25,6 +25,7 @@ from tomlkit.items import Array
 from policies.auth import generate_key, hash_key, key_id
 from policies.tenants_fields import Section, TenantsFileError
 from policies.tenants_safety import parse_policy
+from policies.tenants_sharing import SHARING_FIELDS, Sharing, parse_sharing
 from safety.policy import SafetyPolicy
 
 ALGORITHMS = ("HS256", "RS256", "ES256")
@@ -37,6 +38,7 @@ _TENANT_FIELDS = (
     *DEADLINE_FIELDS,
     "safety",
     "share_prefix_cache",
+    *SHARING_FIELDS,
     "keys",
 )
 _JWT_FIELDS = (
@@ -91,14 +93,18 @@ class Tenant:
     keys: tuple[KeyEntry, ...] = ()
     safety: SafetyPolicy | None = None  # its [safety.NAME] policy; None: text is not checked
     share_prefix_cache: bool = False  # its prompts may reuse (and be reused by) others' cache
+    sharing: Sharing = field(default_factory=Sharing)  # weight, tiers, queue bound (design §11)
+
+    @property
+    def digest(self) -> str:
+        """The tenant as workers know it: a digest of its name, never the name."""
+        return hashlib.sha256(f"tenant:{self.name}".encode()).hexdigest()[:32]
 
     @property
     def cache_salt(self) -> str | None:
         """What keeps this tenant's cached prompt blocks its own (None: shared with all who
-        share): a digest of its name, so workers never see the name."""
-        if self.share_prefix_cache:
-            return None
-        return hashlib.sha256(f"tenant:{self.name}".encode()).hexdigest()[:32]
+        share): its digest."""
+        return None if self.share_prefix_cache else self.digest
 
     def allows_model(self, model: str) -> bool:
         # NOTE: fnmatchcase, not fnmatch: model names are case-sensitive on every platform.
@@ -209,6 +215,7 @@ def _tenant(
         keys=_keys(table.get("keys", []), where),
         safety=None if safety is None else policies[safety],
         share_prefix_cache=_flag(table, "share_prefix_cache", where),
+        sharing=parse_sharing(table, where),
     )
 
 

@@ -60,9 +60,18 @@ class _LiveStream:
 
 class ScriptedAdapter:
     def __init__(
-        self, model: str, script: Script, *, ready: bool = True, abortable: bool = True
+        self,
+        model: str,
+        script: Script,
+        *,
+        ready: bool = True,
+        abortable: bool = True,
+        capacity: int | None = None,
     ) -> None:
+        """`capacity`: the runs it says it takes at once (the gateway's flow control queues the
+        rest); None: no bound."""
         self.name = f"scripted:{model}"
+        self.slots = capacity
         self.model = model
         self.script = script
         self.is_ready = ready
@@ -86,6 +95,9 @@ class ScriptedAdapter:
 
     def unsupported_param(self, request: ChatRequest) -> str | None:
         return None
+
+    def capacity(self) -> int | None:
+        return self.slots
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         self.requests.append(request)

@@ -153,6 +153,7 @@ class WorkerService:
             "dtype": dtype_name(model.dtype),
             "api_version": api.API_VERSION,
             "max_body_bytes": self.config.max_body_bytes,
+            "max_num_seqs": self.config.max_num_seqs,
             "created": self._started_at,  # when this worker began serving the model
         }
 

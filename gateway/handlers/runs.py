@@ -53,6 +53,8 @@ def run_object(record: RunRecord) -> dict[str, Any]:
             "model": record.model,
             "choices": [],
         }
+        if (tier := record.meta.get("service_tier")) is not None:
+            body["service_tier"] = tier
     body["status"] = PUBLIC_STATUS[record.status]
     if terminal is not None and terminal.error is not None:
         body["error"] = terminal.error

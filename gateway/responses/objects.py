@@ -33,7 +33,13 @@ def params_of(record: RunRecord) -> ResponseParams:
 
 
 def renderer_for(record: RunRecord) -> ResponseRenderer:
-    return ResponseRenderer(record.run_id, record.model, record.created, params_of(record))
+    return ResponseRenderer(
+        record.run_id,
+        record.model,
+        record.created,
+        params_of(record),
+        service_tier=record.meta.get("service_tier"),
+    )
 
 
 def ended_object(record: RunRecord, terminal: TerminalRecord) -> dict[str, Any]:

@@ -54,8 +54,17 @@ def usage_object(usage: dict[str, int] | None) -> dict[str, Any] | None:
 class ResponseRenderer:
     """Renders one run's log chunks, in order, as numbered Responses events (dicts)."""
 
-    def __init__(self, response_id: str, model: str, created: float, params: ResponseParams):
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        created: float,
+        params: ResponseParams,
+        service_tier: str | None = None,
+    ):
+        """`service_tier`: the tier serving the run (design §11), echoed by the object."""
         self.response_id = response_id
+        self.service_tier = service_tier
         self.model = model
         self.created = int(created)
         self.params = params
@@ -230,6 +239,7 @@ class ResponseRenderer:
             "output": _copy(self.output),
             "parallel_tool_calls": True,
             "previous_response_id": p.previous_response_id,
+            "service_tier": self.service_tier,
             "store": p.store,
             "temperature": p.temperature,
             "text": p.text,

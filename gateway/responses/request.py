@@ -37,6 +37,7 @@ HONOURED = frozenset(
         "metadata",
         "user",
         "parallel_tool_calls",
+        "service_tier",
     }
 )
 # Known Responses fields with no meaning here: refused unless null (or their neutral value).
@@ -48,7 +49,6 @@ REFUSED = {
     "truncation": "disabled",
     "max_tool_calls": None,
     "top_logprobs": None,
-    "service_tier": "auto",
     "prompt_cache_key": None,
     "prompt_cache_retention": None,
     "safety_identifier": None,
@@ -265,6 +265,7 @@ def chat_body(body: dict[str, Any], params: ResponseParams, history: list[dict])
         "user": params.user,
         "metadata": body.get("metadata"),
         "response_format": response_format,
+        "service_tier": body.get("service_tier"),
     }
     if params.tools:
         optional["tools"] = [_chat_tool(t) for t in params.tools]

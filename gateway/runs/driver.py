@@ -27,6 +27,7 @@ import structlog
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
 from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
+from gateway.flow_control import Shed, Withdrawn
 from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
 from gateway.runs.deadlines import next_deadline
@@ -36,7 +37,7 @@ from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import Chunk, LogClosed, RunStore, TerminalRecord
 
-BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed)
+BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed, Shed)
 log = structlog.get_logger("sluice.runs")
 
 Settle = Callable[[RunOutcome], Awaitable[None]]
@@ -45,9 +46,10 @@ _CLOSE = "close the upstream stream"  # the driver's own cancel of its task, to 
 
 class Phase(enum.IntEnum):
     NEW = 0  # nothing asked of the upstream yet
-    STREAMING = 1  # reading the upstream's stream; nothing decided
-    STOPPING = 2  # the ending is decided early; reading on for the upstream's confirmation
-    ENDED = 3  # the upstream's stream is over
+    WAITING = 1  # queued in the gateway for the backend's capacity (flow control, design §11)
+    STREAMING = 2  # reading the upstream's stream; nothing decided
+    STOPPING = 3  # the ending is decided early; reading on for the upstream's confirmation
+    ENDED = 4  # the upstream's stream is over
 
 
 class RunDriver:
@@ -71,7 +73,8 @@ class RunDriver:
         self.settle = settle
         chat = spec.chat
         created = int(time.time()) if created is None else created
-        self.pipeline = RunPipeline(spec.run_id, chat.model, created, chat.n, stages)
+        tier = chat.share.tier if chat.share is not None else None
+        self.pipeline = RunPipeline(spec.run_id, chat.model, created, chat.n, stages, tier)
         self.acct = RunAccounting(self.metrics, spec.started or time.monotonic())
         self.phase = Phase.NEW
         self.status = RunStatus.RECEIVED  # as recorded in the store
@@ -115,6 +118,8 @@ class RunDriver:
             return False
         self.ending = Ending(status, cause, source, time.monotonic(), error)
         self._cancel_timer()
+        if self.phase is Phase.WAITING and self.spec.ticket is not None:
+            self.spec.ticket.withdraw()  # its wait ends now: nothing was asked upstream
         if self.phase is Phase.STREAMING:
             self.phase = Phase.STOPPING
             if source is not None:
@@ -183,6 +188,7 @@ class RunDriver:
         finally:
             self.phase = Phase.ENDED
             self._cancel_timer()
+            self._give_back_capacity()
             if self._stopping is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopping)
@@ -198,13 +204,43 @@ class RunDriver:
 
     async def _drive(self) -> None:
         await self._advance(RunStatus.QUEUED)
+        if not await self._wait_for_capacity():
+            return
         self.phase = Phase.STREAMING
         self._arm()
-        async with aclosing(self.spec.adapter.stream(self.spec.chat, self.run_id)) as events:
-            ended = await self._read(events)
+        try:
+            async with aclosing(self.spec.adapter.stream(self.spec.chat, self.run_id)) as events:
+                ended = await self._read(events)
+        finally:
+            self._give_back_capacity()  # the backend is done with it: the next may go
         self.phase = Phase.ENDED
         if ended and self.ending is not None and self.ending.source is not None:
             self.acct.confirmed_at = time.monotonic()  # the upstream ended the stream itself
+
+    async def _wait_for_capacity(self) -> bool:
+        """Wait for the run's turn at a saturated backend (design §11), bound by its deadlines;
+        False when it was stopped meanwhile (nothing was asked upstream). A run its tenant's
+        full queue sheds raises Shed: refused like a busy backend, before any event."""
+        ticket = self.spec.ticket
+        if ticket is None or ticket.dispatched:
+            return True
+        self.phase = Phase.WAITING
+        self._arm()
+        with contextlib.suppress(Withdrawn):  # stop() took it out of the queue
+            await ticket.wait()
+        if self.ending is None:
+            return True
+        self.phase = Phase.ENDED
+        self.acct.confirmed_at = self.ending.at  # stopped where it stood: nothing to confirm
+        return False
+
+    def _give_back_capacity(self) -> None:
+        """The run no longer uses (or never will use) the backend: its place in the flow
+        control goes back, its tenant charged what it used (idempotent)."""
+        if self.spec.ticket is not None:
+            usage = self.acct.usage
+            prompt = usage.prompt_tokens if usage is not None else None
+            self.spec.ticket.done(prompt, self.acct.generated_tokens)
 
     async def _read(self, events: AsyncIterator[list[Event]]) -> bool:
         """Record batches until the stream ends (True) or reports a failure (False); once the
@@ -374,7 +410,7 @@ class RunDriver:
         if self.phase is Phase.STOPPING:  # the upstream did not confirm the stop in time
             self._close_upstream()
             return
-        if self.phase is not Phase.STREAMING:
+        if self.phase is not Phase.STREAMING and self.phase is not Phase.WAITING:
             return
         kind, left = self._next_deadline()
         if left is not None and left <= 0:

@@ -13,6 +13,7 @@ import orjson
 
 from adapters.base import BackendRejected, BackendUnavailable
 from adapters.events import ErrorEvent, Event
+from gateway.flow_control import Shed
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
 from gateway.runs.store import Chunk, TerminalRecord, log_chunk
 
@@ -24,6 +25,10 @@ _MESSAGES = {
     "store_unavailable": "The gateway's state store stayed unreachable, so the run was stopped.",
 }
 
+_SHED = (
+    "This request waited for capacity in the 'flex' tier and gave its place to one of a higher "
+    "tier; retry later."
+)
 LOST_CAUSE = "owner_lost"
 STORE_LOST_CAUSE = "store_unavailable"
 SHUTDOWN = "shutdown"  # the cancel source of runs still live when a drain's time is up
@@ -83,7 +88,10 @@ def refusal(exc: Exception) -> TerminalRecord:
     upstream's text never passes (the adapters see to that)."""
     cause = f"upstream:{type(exc).__name__}"
     retry_after = None
-    if isinstance(exc, BackendRejected):
+    if isinstance(exc, Shed):  # its tenant's full queue made room for a higher tier
+        status, kind, code = RunStatus.REJECTED, "requests", "rate_limit_exceeded"
+        message, param, retry_after = _SHED, None, exc.retry_after
+    elif isinstance(exc, BackendRejected):
         status, kind = RunStatus.REJECTED, "invalid_request_error"
         code = {404: "model_not_found", 413: "request_too_large"}.get(exc.status, exc.code)
         message, param = exc.message, exc.param

@@ -137,6 +137,8 @@ class RunManager:
             spec.run_id, spec.tenant, chat.model, time.time(), stream=chat.stream, owner=self.owner
         )
         record.meta.update(spec.meta)
+        if chat.share is not None:  # the tier serving it, echoed by chunks rendered later
+            record.meta["service_tier"] = chat.share.tier
         if spec.safety is not None:  # what policy judged this run's text (design §3)
             record.meta["safety"] = {"policy": spec.safety.name, "digest": spec.safety.digest}
         return record

@@ -36,14 +36,21 @@ class RunPipeline:
     """Turns a run's upstream events into the chunks of its log, through its stages."""
 
     def __init__(
-        self, run_id: str, model: str, created: int, n: int, stages: Sequence[Stage] = ()
+        self,
+        run_id: str,
+        model: str,
+        created: int,
+        n: int,
+        stages: Sequence[Stage] = (),
+        service_tier: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.model = model
         self.created = created
         self.n = n
         self.stages = tuple(stages)
-        self.renderer = ChunkRenderer(run_id, model, created)
+        self.service_tier = service_tier  # the tier serving the run, in every chunk and object
+        self.renderer = ChunkRenderer(run_id, model, created, service_tier)
         self.builder = CompletionBuilder(n)
         self.opened = False  # the role chunks are in the log
 
@@ -83,7 +90,9 @@ class RunPipeline:
         return None if usage is None else log_chunk(self.renderer.usage(usage))
 
     def completion(self, created: int, *, early: bool = False) -> bytes:
-        return self.builder.build(self.run_id, self.model, created, early=early)
+        return self.builder.build(
+            self.run_id, self.model, created, early=early, service_tier=self.service_tier
+        )
 
     def _open(self) -> list[Chunk]:
         self.opened = True

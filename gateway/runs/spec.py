@@ -12,6 +12,7 @@ from typing import Any
 
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
+from gateway.flow_control import Ticket
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.status import RunStatus
 from gateway.runs.store import TerminalRecord
@@ -31,6 +32,9 @@ class RunSpec:
     # kept with the run record: a Responses run's fields; `background` (true) exempts the run
     # from the disconnect grace, since no client is meant to stay attached
     meta: dict[str, Any] = field(default_factory=dict)
+    # its place in the backend's flow control (design §11): the driver waits for its turn, and
+    # gives it back when the run no longer uses the backend; None: it goes at once
+    ticket: Ticket | None = None
 
 
 @dataclass(slots=True, frozen=True)

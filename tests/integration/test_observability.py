@@ -32,7 +32,7 @@ from tests.support.processes import stop, wait_ready
 from tests.support.prometheus import (
     DEPLOY,
     Prometheus,
-    alert_base,
+    alert_bases,
     alert_rules,
     config_for,
     dashboard_queries,
@@ -200,7 +200,12 @@ def scraped_everything(stack: Stack) -> bool:
     """Whether Prometheus holds what the gateway counts now (nothing moves after the load), in
     at least two samples of every series: `rate()` has nothing to say about a series it has
     seen once, as one born in the last scrape before the queries would be."""
-    for name in ("sluice_requests_total", "sluice_cancellations_total", "sluice_resumes_total"):
+    for name in (
+        "sluice_requests_total",
+        "sluice_cancellations_total",
+        "sluice_resumes_total",
+        "sluice_tenant_tokens_served_total",
+    ):
         if stack.prometheus.value(f"sum({name})") != scraped(stack.root, name):
             return False
         seen_twice = f"count(count_over_time({name}[5m]) >= 2)"
@@ -249,7 +254,7 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_in_the_readme():
         assert notes["summary"] and notes["description"], rule["alert"]
         page, anchor = notes["runbook"].split("#")
         assert page == "README.md" and anchor in anchors, rule["alert"]
-        alert_base(rule["expr"])  # `<base> <comparison> <number>`
+        alert_bases(rule["expr"])  # `<base> <comparison> <number>`, or two joined by `and on`
 
 
 def test_every_alert_has_a_unit_test_that_fires_it_and_one_that_does_not():
@@ -283,6 +288,8 @@ def test_every_contract_metric_is_exported_with_its_labels(stack):
             assert set(sample.labels) - {"le"} == labels, (name, sample.labels)
     worker = families(stack.worker)
     assert set(worker) >= WORKER_METRICS
+    preemptions = worker["sluice_worker_preemptions"].samples
+    assert {s.labels["reason"] for s in preemptions} == {"kv", "fairness", "priority"}
 
 
 def bounds(family) -> list[float]:
@@ -316,6 +323,31 @@ def test_clients_cannot_mint_label_values(stack):
     assert stack.prometheus.query('sluice_requests_total{tenant="limited", code="429"}')
 
 
+def by_labels(family, *names: str) -> dict[tuple[str, ...], float]:
+    """A family's value per label values, its `_created` samples left out."""
+    return {
+        tuple(s.labels[name] for name in names): s.value
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_fair_sharing_series_cover_every_tenant_and_tier_before_anything_waits(stack):
+    """Each tenant of the file has its weight, its tokens served and a queue depth for each
+    tier it may use (by default `default` and `flex`), and each tier a shed count, exported
+    before any run waited or was shed: the Fairness row and SluiceTenantStarved see a tenant
+    before its first wait. Nothing waited or was shed under this load."""
+    exported = families(stack.root)
+    tenants = ("open", "limited")
+    depth = by_labels(exported["sluice_flow_queue_depth"], "tenant", "tier")
+    assert depth == {(t, tier): 0 for t in tenants for tier in ("default", "flex")}
+    shed = by_labels(exported["sluice_flow_shed"], "tier")
+    assert shed == {("priority",): 0, ("default",): 0, ("flex",): 0}
+    assert by_labels(exported["sluice_tenant_weight"], "tenant") == {(t,): 1 for t in tenants}
+    served = by_labels(exported["sluice_tenant_tokens_served"], "tenant")
+    assert served.keys() == {(t,) for t in tenants} and served[("open",)] > 0
+
+
 def test_every_dashboard_query_returns_data(stack):
     dashboard = orjson.loads(DASHBOARD.read_bytes())
     queries = dashboard_queries(dashboard)
@@ -334,11 +366,17 @@ def test_every_rule_is_evaluated_and_every_alert_base_returns_data(stack):
         assert prometheus.query(rule["expr"]), rule["record"]
         until_sync(lambda rule=rule: prometheus.query(rule["record"]), rule["record"], within=10)
     for rule in alert_rules():
-        assert prometheus.query(alert_base(rule["expr"])), rule["alert"]
+        for base in alert_bases(rule["expr"]):
+            assert prometheus.query(base), (rule["alert"], base)
     # what the load moved, as the alerts see it
     assert 0 < prometheus.value("job:sluice_ttft_seconds:p95_rate5m") < 5
     assert 0 < prometheus.value("job:sluice_requests_5xx:ratio_rate5m") < 1
     assert prometheus.value("job:sluice_cancel_tail_tokens:mean_rate15m") >= 0
+    # nothing waits once the load is done; `open`, the only tenant served in the window, got
+    # all the tokens and is the only one competing: exactly its weighted share
+    assert prometheus.value("sum(tenant:sluice_flow_queue_depth:sum)") == 0
+    shares = prometheus.query("tenant:sluice_tenant_tokens_served:fair_share_ratio_rate5m")
+    assert [(s["metric"]["tenant"], float(s["value"][1])) for s in shares] == [("open", 1.0)]
     loaded = prometheus.rules()
     assert {r["name"] for r in loaded} == {
         *(r["record"] for r in recording_rules()),

@@ -29,6 +29,8 @@ MEMBER_METRICS = frozenset(
 # The gateway's families (as the text format names them: a counter without `_total`), with their
 # type and label names. Design §7 fixes the names and these labels; `sluice_run_migrations`
 # also says which pool, and `sluice_store_up` (Redis answers) is the gateway's own addition.
+# The `sluice_flow_*` and `sluice_tenant_*` families are fair sharing's: queues, sheds and
+# each tenant's weight and tokens served.
 GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_requests": ("counter", frozenset({"model", "tenant", "code"})),
     "sluice_runs_finished": ("counter", frozenset({"model", "reason"})),
@@ -52,4 +54,9 @@ GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_member_failures": ("counter", frozenset({"member"})),
     "sluice_member_ejections": ("counter", frozenset({"member", "reason"})),
     "sluice_store_up": ("gauge", frozenset()),
+    "sluice_flow_queue_depth": ("gauge", frozenset({"tenant", "tier"})),
+    "sluice_flow_queue_wait_seconds": ("histogram", frozenset({"tenant", "tier"})),
+    "sluice_flow_shed": ("counter", frozenset({"tier"})),
+    "sluice_tenant_tokens_served": ("counter", frozenset({"tenant"})),
+    "sluice_tenant_weight": ("gauge", frozenset({"tenant"})),
 }

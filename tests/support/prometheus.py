@@ -26,8 +26,10 @@ RULES = DEPLOY / "alerts.yml"
 # place: a window that spans the whole test, so every rate sees all of its samples.
 GRAFANA_WINDOWS = ("$__rate_interval", "$__interval", "$__range")
 TEST_WINDOW = "5m"
-# `<base> <comparison> <number>`, the shape of every alert in alerts.yml
+# `<base> <comparison> <number>`, the shape of every alert in alerts.yml (or of each of two
+# such conditions joined by `and on (labels)`)
 ALERT_SHAPE = re.compile(r"^(?P<base>.+?)\s*(?:>=|<=|==|!=|>|<)\s*(?P<threshold>[-+.\deE]+)$", re.S)
+CONJUNCTION = re.compile(r"\s+and\s+on\s*\([\w\s,]*\)\s+")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,11 +55,15 @@ def recording_rules() -> list[dict]:
     ]
 
 
-def alert_base(expr: str) -> str:
-    """An alert's expression without its threshold comparison."""
-    shape = ALERT_SHAPE.match(expr.strip())
-    assert shape, f"not `<base> <comparison> <number>`: {expr}"
-    return shape["base"]
+def alert_bases(expr: str) -> list[str]:
+    """An alert's expressions without their threshold comparisons: one for `<base> <comparison>
+    <number>`, one per condition where conditions are joined by `and on (labels)`."""
+    bases = []
+    for condition in CONJUNCTION.split(expr.strip()):
+        shape = ALERT_SHAPE.match(condition)
+        assert shape, f"not `<base> <comparison> <number>`: {condition}"
+        bases.append(shape["base"])
+    return bases
 
 
 def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from gateway.cli import build_parser
-from gateway.settings import Settings, load_settings
+from gateway.settings import Settings, UpstreamSpec, load_settings
 
 
 def flags(argv: list[str]) -> dict:
@@ -35,7 +35,7 @@ def test_defaults_start_a_local_worker_unless_only_remote_backends_are_named():
     assert load_settings(flags([]), {}).starts_local_workers
     remote = load_settings(flags(["--upstream", "m=http://h:1/v1"]), {})
     assert not remote.starts_local_workers
-    assert remote.upstreams() == [("m", "http://h:1/v1")]
+    assert remote.upstream_specs() == [UpstreamSpec("m", "http://h:1/v1")]
     both = load_settings(flags(["--upstream", "m=http://h:1/v1", "--model", "/p"]), {})
     assert both.starts_local_workers
 
@@ -47,10 +47,29 @@ def test_the_shutdown_timeout_reads_its_flag_and_the_environment():
     assert load_settings(flags(["--shutdown-timeout", "1.5"]), env).shutdown_timeout == 1.5
 
 
-@pytest.mark.parametrize("spec", ["nourl", "=http://x", "m=ftp://x", "m="])
+@pytest.mark.parametrize(
+    "spec", ["nourl", "=http://x", "m=ftp://x", "m=", "m=http://x#cap=2", "m=http://x#capacity=0"]
+)
 def test_bad_upstream_specs_are_refused(spec):
-    with pytest.raises(ValueError, match="NAME=BASE_URL"):
-        Settings(upstream=[spec]).upstreams()
+    with pytest.raises(ValueError, match=r"NAME=BASE_URL|capacity"):
+        Settings(upstream=[spec]).upstream_specs()
+
+
+def test_an_upstreams_capacity_comes_from_its_flag_or_its_config_table(tmp_path):
+    config = tmp_path / "sluice.toml"
+    config.write_text('[upstreams.big]\nurl = "http://big:8000/v1"\ncapacity = 64\n')
+    settings = load_settings(
+        flags(["--upstream", "qwen=http://vllm:8000/v1#capacity=8", "--config", str(config)]), {}
+    )
+    assert settings.upstream_specs() == [
+        UpstreamSpec("qwen", "http://vllm:8000/v1", 8),
+        UpstreamSpec("big", "http://big:8000/v1", 64),
+    ]
+    assert not settings.starts_local_workers
+    with pytest.raises(ValueError, match="capacity"):
+        Settings(upstreams={"x": {"url": "http://x/v1", "capacity": -1}}).upstream_specs()
+    with pytest.raises(ValueError, match="url and capacity only"):
+        Settings(upstreams={"x": {"url": "http://x/v1", "weight": 2}}).upstream_specs()
 
 
 def test_the_gateway_process_never_imports_torch():

@@ -73,6 +73,7 @@ async def test_health_and_model(client) -> None:
         "dtype": "float32",
         "api_version": 3,
         "max_body_bytes": (4 << 20) + (64 << 10) + (1 << 20),
+        "max_num_seqs": 32,
     }
 
 
