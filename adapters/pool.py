@@ -149,6 +149,7 @@ class PoolAdapter:
 
     async def _probe(self, member: Member) -> Probe:
         stats_of = getattr(member.adapter, "stats", None)
+        member.asked_with = len(member.leases)
         try:
             async with asyncio.timeout(self.probe_timeout):
                 ok = await member.adapter.ready()

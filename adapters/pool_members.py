@@ -99,6 +99,7 @@ class Member:
     kv_usage: float = 0.0  # the share of its KV blocks in use, as it reports
     slots: int | None = None  # engine_slots of its max_num_seqs, as it reports
     others: int = 0  # of its reported load, what is not this gateway's (other replicas')
+    asked_with: int = 0  # this gateway's streams on it when its latest stats were asked for
     # counted for the metrics
     requests_total: int = 0
     failures_total: int = 0
@@ -188,7 +189,9 @@ class Member:
         self.reports += 1
         work = int(stats.get("waiting", 0)) + int(stats.get("running", 0))
         self.load = work
-        self.others = max(0, work - len(self.leases))
+        # NOTE: a stream of ours that ended while the report was on its way is in the report;
+        # counting it as another replica's would shrink the capacity until the next report
+        self.others = max(0, work - max(len(self.leases), self.asked_with))
         max_num_seqs = stats.get("max_num_seqs")
         if isinstance(max_num_seqs, int) and max_num_seqs > 0:
             self.slots = engine_slots(max_num_seqs)

@@ -44,6 +44,7 @@ class Stream:
     error: str | None = None
     ended: float = 0.0
     turn: int = 0  # of its conversation, for the caller
+    retry_after: float | None = None  # a refusal's `retry-after`, in seconds
 
     @property
     def ok(self) -> bool:
@@ -63,17 +64,22 @@ async def stream_chat(
     body: dict,
     s: Stream | None = None,
     answered: asyncio.Event | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Stream:
     """One streaming chat completion, read frame by frame into `s` (which others may watch
-    while it fills); an error frame is recorded. `answered` is set when the headers came."""
+    while it fills); an error frame is recorded. `answered` is set when the headers came;
+    `headers` authenticate it (the bench's own key by default)."""
     answered = answered or asyncio.Event()
     body = {**body, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
     s = s or Stream(sent=0.0)
     s.sent = time.perf_counter()
     try:
-        async with session.post(f"{base}/v1/chat/completions", json=body, headers=HEADERS) as resp:
+        url = f"{base}/v1/chat/completions"
+        async with session.post(url, json=body, headers=headers or HEADERS) as resp:
             s.status = resp.status
             answered.set()
+            if "retry-after" in resp.headers:
+                s.retry_after = float(resp.headers["retry-after"])
             if resp.status != 200:
                 s.error = f"status {resp.status}"
                 await resp.read()

@@ -19,6 +19,7 @@ EXPOSED_HEADERS = ", ".join(
     (
         "x-request-id",
         "x-follow-token",
+        "x-sluice-run-id",
         "x-ratelimit-limit-requests",
         "x-ratelimit-remaining-requests",
         "x-ratelimit-limit-tokens",

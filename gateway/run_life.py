@@ -44,6 +44,10 @@ from gateway.runs.store import TerminalRecord
 from policies.idempotency import body_fingerprint
 from policies.quotas import Admission, QuotaExceeded
 
+# The run's id, on the answer that starts it: a stream's headers go out (at the latest one
+# heartbeat interval in) before its first chunk, which may wait while the run is queued.
+RUN_ID_HEADER = "x-sluice-run-id"
+
 
 @dataclass(slots=True, frozen=True)
 class Opened:

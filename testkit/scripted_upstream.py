@@ -7,7 +7,9 @@ script for a model: a list of byte strings to write and float delays, so chunk b
 inside words and UTF-8 code points, or a function of the request body that returns one (to answer
 a conversation's turns differently). `tool_call_script` streams tool calls with their arguments in
 fragments, as an OpenAI-compatible server does. Every request is recorded, with whether the client
-hung up before the end.
+hung up before the end. `first_token_ms` sets a first token's delay of its own (a server's TTFT),
+and `concurrency` serves that many streams at once, the rest waiting in arrival order as a
+server with a fixed batch makes them wait.
 
 Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +46,11 @@ class UpstreamState:
     status_for: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     max_tokens: int | None = None  # the server's own limit: longer requests end at it
+    first_token_ms: float | None = None  # before the first token (None: delay_ms, as the rest)
+    # streams served at once, as a server with a fixed batch: the rest wait their turn in
+    # arrival order, headers sent, no token yet (None: no limit)
+    concurrency: int | None = None
+    slots: asyncio.Semaphore | None = None
 
 
 STATE = web.AppKey("state", UpstreamState)
@@ -100,10 +108,17 @@ def _logprobs(token: str, top: int) -> dict:
 
 
 def token_script(
-    cid: str, model: str, tokens: int, delay_s: float, n: int = 1, top_logprobs: int | None = None
+    cid: str,
+    model: str,
+    tokens: int,
+    delay_s: float,
+    n: int = 1,
+    top_logprobs: int | None = None,
+    first_s: float | None = None,
 ) -> Raw:
-    """Role chunks, `tokens` one-token chunks per choice `delay_s` apart, finishes, usage,
-    `[DONE]`; with `top_logprobs`, each token chunk carries its logprobs.
+    """Role chunks, `tokens` one-token chunks per choice `delay_s` apart (the first `first_s`
+    after the role chunks, when given), finishes, usage, `[DONE]`; with `top_logprobs`, each
+    token chunk carries its logprobs.
 
     Frames with no delay between them go out in one write, as a server that has several tokens
     ready sends them; at zero delay the whole response is one write.
@@ -112,8 +127,9 @@ def token_script(
         sse(_chunk(cid, model, {"role": "assistant", "content": ""}, index=i)) for i in range(n)
     ]
     for i in range(tokens):
-        if delay_s:
-            out.append(delay_s)
+        delay = first_s if i == 0 and first_s is not None else delay_s
+        if delay:
+            out.append(delay)
         for index in range(n):
             text = f"tok{i} "
             lp = None if top_logprobs is None else _logprobs(text, top_logprobs)
@@ -189,8 +205,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     script = state.scripts.get(model)
     if callable(script):
         script = script(body)
+    first = None if state.first_token_ms is None else state.first_token_ms / 1000
     script = script or token_script(
-        cid, model, tokens, delay_ms / 1000, int(body.get("n") or 1), top
+        cid, model, tokens, delay_ms / 1000, int(body.get("n") or 1), top, first
     )
     if not body.get("stream"):
         text = "".join(f"tok{i} " for i in range(tokens))
@@ -218,16 +235,24 @@ async def chat(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     try:
-        for step in script:
-            if isinstance(step, float):
-                await asyncio.sleep(step)
-            else:
-                await resp.write(step)
+        async with contextlib.AsyncExitStack() as slot:
+            if state.concurrency is not None:
+                state.slots = state.slots or asyncio.Semaphore(state.concurrency)
+                await slot.enter_async_context(state.slots)
+            await _play(resp, script)
         record.finished = True
     except (ConnectionError, asyncio.CancelledError):
         record.hung_up_at = time.monotonic()
         raise
     return resp
+
+
+async def _play(resp: web.StreamResponse, script: Raw) -> None:
+    for step in script:
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+        else:
+            await resp.write(step)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -248,9 +273,17 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=9001)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, help="end every completion at this many tokens")
+    parser.add_argument("--first-token-ms", type=float, help="delay before the first token")
+    parser.add_argument("--concurrency", type=int, help="streams served at once; others wait")
     args = parser.parse_args()
+    state = UpstreamState(
+        delay_ms=args.delay_ms,
+        max_tokens=args.max_tokens,
+        first_token_ms=args.first_token_ms,
+        concurrency=args.concurrency,
+    )
     web.run_app(
-        make_app(UpstreamState(delay_ms=args.delay_ms, max_tokens=args.max_tokens)),
+        make_app(state),
         host=args.host,
         port=args.port,
         print=None,

@@ -1,11 +1,15 @@
 """Fair scheduling inside the engine (design §11): which waiting sequence goes next, and which
 running one yields to it.
 
-- **Order.** Waiting sequences go by tier (`priority`, `default`, `flex`), then by their tenant's
-  virtual time (the tokens the engine computed for it, divided by its weight), then by how many
-  sequences the tenant runs per unit of weight, then by arrival. A tenant that becomes active
-  starts at the least virtual time among the active ones: an idle tenant banks no credit, and a
-  returning one does not pay for what it used before it left.
+- **Order.** Waiting sequences go by tier (`priority`, `default`, `flex`), then those whose
+  tenant is under its weighted share of the tier's slots first, then by their tenant's virtual
+  time (the tokens the engine computed for it, divided by its weight), then by how many
+  sequences the tenant runs per unit of weight, then by arrival. (Virtual time alone lags:
+  when a slot frees, a tenant that fell short of its share may still have spent more per unit
+  of weight over the whole run, and would wait for the other to catch up; the share test
+  gives the slot to whoever is short now.) A tenant that becomes active starts at the least
+  virtual time among the active ones: an idle tenant banks no credit, and a returning one does
+  not pay for what it used before it left.
 - **Yielding.** When the head of that order cannot start (the batch is full, or its blocks are
   not free), a running sequence yields to it (preempted by recompute) if it is of a lower tier
   (reason `priority`), or if the head's tenant is under its weighted share of the tier's slots
@@ -88,13 +92,14 @@ class FairPolicy:
         sequences preempted for blocks at its front)."""
         if not self.fair or len(waiting) < 2:
             return list(waiting)
-        per_weight = _per_weight(running)
+        standing = Standing(running, waiting, self.max_num_seqs)
         return sorted(
             waiting,
             key=lambda s: (
                 s.share.rank,
+                not standing.under(s, 1),
                 self.vtime(s.share.tenant),
-                per_weight.get(s.share.tenant, 0.0),
+                standing.per_weight(s),
             ),
         )  # stable: arrival breaks the remaining ties
 
@@ -113,21 +118,17 @@ class FairPolicy:
         if lower:
             rank = max(s.share.rank for s in lower)
             return _newest(s for s in lower if s.share.rank == rank), "priority"
-        tier = [s for s in running if s.share.rank == head.share.rank]
-        above = sum(1 for s in running if s.share.rank < head.share.rank)
-        shares = self._shares(tier, waiting, head.share.rank, self.max_num_seqs - above)
-        counts = Counter(s.share.tenant for s in tier)
-        tenant = head.share.tenant
-        if counts[tenant] + need > shares.get(tenant, 0.0):
+        standing = Standing(running, waiting, self.max_num_seqs)
+        if not standing.under(head, need):
             return None  # the head's tenant has its share already
         over = [
             s
-            for s in tier
-            if s.yields < MAX_YIELDS and counts[s.share.tenant] > shares[s.share.tenant]
+            for s in running
+            if s.share.rank == head.share.rank and s.yields < MAX_YIELDS and standing.over(s)
         ]
         if not over:
             return None
-        worst = max(over, key=lambda s: counts[s.share.tenant] / s.share.weight)
+        worst = max(over, key=standing.per_weight)
         return _newest(s for s in over if s.share.tenant == worst.share.tenant), "fairness"
 
     def block_victim(
@@ -137,34 +138,55 @@ class FairPolicy:
         order, not empty), the one whose blocks go to a sequence that needs one."""
         if not self.fair:
             return candidates[-1]
-        per_weight = _per_weight(running)
+        standing = Standing(running, (), self.max_num_seqs)
         position = {id(s): i for i, s in enumerate(candidates)}
         return max(
             candidates,
-            key=lambda s: (s.share.rank, per_weight[s.share.tenant], position[id(s)]),
+            key=lambda s: (s.share.rank, standing.per_weight(s), position[id(s)]),
         )
 
-    def _shares(
+
+class Standing:
+    """Where each tenant stands in each tier now: the sequences it runs there, and its weighted
+    share of the slots the higher tiers leave, among the tenants with work in the tier (so an
+    idle tenant's share goes to the busy ones)."""
+
+    def __init__(
         self,
-        tier: Sequence[SequenceState],
+        running: Sequence[SequenceState],
         waiting: Sequence[SequenceState],
-        rank: int,
-        slots: int,
-    ) -> dict[str, float]:
-        """Each tenant with work in the tier → its weighted share of the tier's `slots`."""
-        weights: dict[str, float] = {}
-        for seq in (*tier, *(s for s in waiting if s.share.rank == rank)):
-            weights[seq.share.tenant] = seq.share.weight  # the latest request's weight
-        total = sum(weights.values())
-        return {tenant: slots * w / total for tenant, w in weights.items()}
+        max_num_seqs: int,
+    ) -> None:
+        self.counts: Counter[tuple[int, str]] = Counter(_where(s) for s in running)
+        weights: dict[tuple[int, str], float] = {}
+        for seq in (*running, *waiting):
+            weights[_where(seq)] = seq.share.weight  # the latest request's weight
+        by_rank = Counter(s.share.rank for s in running)
+        self.shares: dict[tuple[int, str], float] = {}
+        for rank in {r for r, _ in weights}:
+            slots = max_num_seqs - sum(n for r, n in by_rank.items() if r < rank)
+            total = sum(w for (r, _), w in weights.items() if r == rank)
+            for where, w in weights.items():
+                if where[0] == rank:
+                    self.shares[where] = slots * w / total
+
+    def under(self, seq: SequenceState, need: int) -> bool:
+        """Whether its tenant stays within its share in its tier with `need` more slots."""
+        where = _where(seq)
+        return self.counts[where] + need <= self.shares.get(where, 0.0)
+
+    def over(self, seq: SequenceState) -> bool:
+        """Whether its tenant runs more than its share in its tier."""
+        where = _where(seq)
+        return self.counts[where] > self.shares.get(where, 0.0)
+
+    def per_weight(self, seq: SequenceState) -> float:
+        """Its tenant's sequences running in its tier, per unit of its weight."""
+        return self.counts[_where(seq)] / seq.share.weight
 
 
-def _per_weight(seqs: Iterable[SequenceState]) -> dict[str, float]:
-    """Each tenant → its sequences among `seqs` per unit of its weight."""
-    out: dict[str, float] = {}
-    for seq in seqs:
-        out[seq.share.tenant] = out.get(seq.share.tenant, 0.0) + 1 / seq.share.weight
-    return out
+def _where(seq: SequenceState) -> tuple[int, str]:
+    return seq.share.rank, seq.share.tenant
 
 
 def _newest(seqs: Iterable[SequenceState]) -> SequenceState:

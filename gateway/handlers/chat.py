@@ -14,7 +14,7 @@ from gateway.errors import APIError, invalid_request
 from gateway.follow_access import HEADER, follow_token
 from gateway.http_server import abandon_body
 from gateway.protocol import parse_chat_request
-from gateway.run_life import RunLife
+from gateway.run_life import RUN_ID_HEADER, RunLife
 from workers.limits import shown
 
 
@@ -23,6 +23,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     chat = parse_chat_request(body)
     opened = await RunLife(request, chat, body).open()
+    opened.headers[RUN_ID_HEADER] = opened.run_id  # before its first chunk (queued: design §11)
     if opened.ending is None:  # a run still kept: a browser may follow it by its token
         opened.headers[HEADER] = follow_token(request, opened.run_id, request[PRINCIPAL].tenant)
     return await answer(request, opened, chat)

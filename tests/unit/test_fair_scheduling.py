@@ -220,3 +220,15 @@ def test_fcfs_keeps_arrival_order_and_never_yields():
     assert ids(sched.waiting) == ["n2", "vip"]
     sched.release(sched.running[0])
     assert run_step(sched)[-1] == "n2"
+
+
+def test_the_tenant_short_of_its_share_starts_next_whatever_it_spent_before():
+    sched = make_scheduler(seqs=2)
+    sched.add(make_seq("a0", "A", prompt_len=40))
+    sched.add(make_seq("b0", "B", prompt_len=4))
+    assert run_step(sched) == ["a0", "b0"]  # A has spent 40 tokens, B 4
+    sched.add(make_seq("a1", "A"))
+    sched.add(make_seq("b1", "B"))
+    sched.release(sched.running[0])  # a0 ends: A runs nothing, B runs its share (1 of 2)
+    assert sched.policy.vtime("A") > sched.policy.vtime("B")
+    assert ids(sched.policy.order(sched.waiting, sched.running)) == ["a1", "b1"]
