@@ -126,7 +126,7 @@ class OpenAIUpstreamAdapter:
         upstream_model: str | None = None,
         capacity: int | None = None,
     ) -> None:
-        """`capacity`: the runs the server takes at once before it queues (design §11); None:
+        """`capacity`: the runs the server takes at once before it queues (design §12); None:
         unknown, so the gateway never holds runs back for it."""
         self.name = name
         self._capacity = capacity

@@ -109,7 +109,7 @@ class PoolAdapter:
 
     def capacity(self) -> int | None:
         """Runs this gateway may stream from the pool at once: the sum of its usable members'
-        (flow control, design §11); None when one of them has no known bound."""
+        (flow control, design §12); None when one of them has no known bound."""
         now = self.clock()
         total = 0
         for member in self.members:

@@ -117,7 +117,7 @@ class Member:
         return len(self.leases)
 
     def capacity(self) -> int | None:
-        """Runs this gateway may stream from it at once (flow control, design §11): its slots
+        """Runs this gateway may stream from it at once (flow control, design §12): its slots
         less what other replicas run there, as it last reported; else the adapter's own
         bound (an upstream's configured capacity); None: unbounded."""
         if self.slots is not None:

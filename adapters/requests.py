@@ -53,7 +53,7 @@ class ChatRequest:
     metadata: dict[str, str] | None = None
     service_tier: str | None = None  # as asked: auto, default, flex, priority (None: auto)
     # set by the gateway, never by a client: the tenant (a digest), its weight and the tier
-    # served, which fair sharing schedules by (design §11)
+    # served, which fair sharing schedules by (design §12)
     share: Share | None = None
     # set by the gateway, never by a client: our workers share cached prompt blocks only between
     # requests of one salt (one tenant, unless it opted into sharing)

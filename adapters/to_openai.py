@@ -52,7 +52,7 @@ class ChunkRenderer:
         created: int | None = None,
         service_tier: str | None = None,
     ) -> None:
-        """`service_tier`: the tier that served the run, echoed in every chunk (design §11)."""
+        """`service_tier`: the tier that served the run, echoed in every chunk (design §12)."""
         head: dict[str, Any] = {
             "id": completion_id,
             "object": "chat.completion.chunk",

@@ -50,7 +50,7 @@ ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked 
 
 
 def engine_slots(max_num_seqs: int) -> int:
-    """The runs a gateway sends one worker before it queues them itself (design §11): a full
+    """The runs a gateway sends one worker before it queues them itself (design §12): a full
     batch running and as many waiting in the engine, where its fair scheduler orders them and
     lets a waiting one of a higher tier or an under-served tenant take a running one's slot at
     the next step; beyond that, runs wait in the gateway's fair queues."""
@@ -192,7 +192,7 @@ class WorkerAdapter:
             return None
 
     def capacity(self) -> int | None:
-        """Runs this gateway may stream from the worker at once (flow control, design §11);
+        """Runs this gateway may stream from the worker at once (flow control, design §12);
         None from a worker that does not say how many it runs."""
         return self._slots
 

@@ -1,4 +1,4 @@
-"""Fair sharing under contention (design §11): first come first served and fair, side by side.
+"""Fair sharing under contention (design §12): first come first served and fair, side by side.
 
 Every cell runs twice on a fresh `sluice serve`: `--scheduling fcfs` (the gateway passes runs on
 as they come and the worker starts them in arrival order: sluicegate before fair sharing) and

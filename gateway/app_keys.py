@@ -38,7 +38,7 @@ OPENER = web.AppKey("opener", RedisOpener)  # only with --redis-url
 DEFERRED = web.AppKey("deferred", DeferredWrites)
 DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
 FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)
-FLOWS = web.AppKey("flows", Flows)  # each backend's flow control (design §11)
+FLOWS = web.AppKey("flows", Flows)  # each backend's flow control (design §12)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -1,4 +1,4 @@
-"""Flow control (design §11): when a model's backend is saturated, new runs wait in this gateway,
+"""Flow control (design §12): when a model's backend is saturated, new runs wait in this gateway,
 in per-tenant queues inside tier bands, and are dispatched by weighted fair queuing over tokens
 (policies/fair_queue.py) as capacity frees.
 

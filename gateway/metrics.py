@@ -202,7 +202,7 @@ class GatewayMetrics:
         self.safety = SafetyMeter(actions, hold)
 
     def _flow_metrics(self, r: CollectorRegistry) -> None:
-        """Fair sharing at work (design §11): queues, sheds, who got served. `tenant` is a
+        """Fair sharing at work (design §12): queues, sheds, who got served. `tenant` is a
         name the tenants file gives, so the labels stay bounded."""
         self.queue_depth = Gauge(
             "sluice_flow_queue_depth",

@@ -14,7 +14,7 @@ _REF = "#/components/schemas/"
 SERVICE_TIER = {
     "enum": [*SERVICE_TIERS, None],
     "description": "auto (or null): the key's default tier; a tier the key may not use is a 400. "
-    "priority goes ahead of default; flex is sheddable batch work (design §11).",
+    "priority goes ahead of default; flex is sheddable batch work (design §12).",
 }
 STREAM_TEXT = (
     "Server-sent events: `id: <seq>` and `data: <chat.completion.chunk>` frames, "

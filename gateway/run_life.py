@@ -123,7 +123,7 @@ class RunLife:
 
     def _take_ticket(self) -> Ticket:
         """The run's place in its backend's flow control: dispatched at once, or queued; a
-        429 when its tenant's queue is full (design §11)."""
+        429 when its tenant's queue is full (design §12)."""
         chat, app = self.chat, self.app
         prompt = prompt_estimate(chat)
         cost = prompt + (chat.max_tokens or app[SETTINGS].default_max_tokens) * chat.n
@@ -238,7 +238,7 @@ class RunLife:
 
 
 def shed(exc: Shed) -> APIError:
-    """The 429 for a run its tenant's full queue turned away (design §11)."""
+    """The 429 for a run its tenant's full queue turned away (design §12)."""
     return APIError(
         429,
         f"Too many of your requests are waiting for capacity in the '{exc.tier}' tier; "

@@ -19,7 +19,7 @@ SCHEDULINGS = ("fair", "fcfs")
 @dataclass(slots=True, frozen=True)
 class UpstreamSpec:
     """An OpenAI-compatible server serving model `name`; `capacity`: the runs it takes at once
-    before it queues (design §11), None when unknown."""
+    before it queues (design §12), None when unknown."""
 
     name: str
     url: str
@@ -36,7 +36,7 @@ class Settings:
     workers: int = 1
     worker_url: list[str] = field(default_factory=list)
     upstream: list[str] = field(default_factory=list)
-    # the config file's `[upstreams.NAME]` tables: url = "…", capacity = 64 (design §11)
+    # the config file's `[upstreams.NAME]` tables: url = "…", capacity = 64 (design §12)
     upstreams: dict[str, Any] = field(default_factory=dict)
     api_key: list[str] = field(default_factory=list)
     tenants: str | None = None
@@ -71,7 +71,7 @@ class Settings:
     shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
     pool_routing: str = "affinity"  # affinity | least_load | random (adapters/pool_routing.py)
     # fair: saturated backends' runs wait in fair queues here, and local workers schedule by
-    # tier and tenant; fcfs: runs go as they come (design §11)
+    # tier and tenant; fcfs: runs go as they come (design §12)
     scheduling: str = "fair"
     worker_start_timeout: float = 300.0
     follow_token_ttl: float = 3600.0  # seconds a run's follow token lets a browser read it

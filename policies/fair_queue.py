@@ -1,4 +1,4 @@
-"""Weighted fair queuing over tokens, inside tier bands (design §11): which waiting run a
+"""Weighted fair queuing over tokens, inside tier bands (design §12): which waiting run a
 saturated model dispatches next.
 
 Each tenant has a first-in-first-out queue per service tier. The highest tier with a run waiting

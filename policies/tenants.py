@@ -93,7 +93,7 @@ class Tenant:
     keys: tuple[KeyEntry, ...] = ()
     safety: SafetyPolicy | None = None  # its [safety.NAME] policy; None: text is not checked
     share_prefix_cache: bool = False  # its prompts may reuse (and be reused by) others' cache
-    sharing: Sharing = field(default_factory=Sharing)  # weight, tiers, queue bound (design §11)
+    sharing: Sharing = field(default_factory=Sharing)  # weight, tiers, queue bound (design §12)
 
     @property
     def digest(self) -> str:

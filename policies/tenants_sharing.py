@@ -1,11 +1,11 @@
-"""A tenant's place when the pool is saturated (design §11): its weight, the service tiers it may
+"""A tenant's place when the pool is saturated (design §12): its weight, the service tiers it may
 use, and how many runs it may have waiting for capacity.
 
 `weight` is the tenant's share of a saturated pool relative to the other tenants' weights (a
 tenant with 3 gets three times the tokens of one with 1 while both have work; an idle tenant's
 share goes to the busy ones). `tiers` are the OpenAI `service_tier` values its requests may ask
 for; `default_tier` is what `auto` (or no `service_tier`) means for it. `max_queued` bounds its
-runs waiting in a gateway's queue; past it, its `flex` runs are shed first (design §11).
+runs waiting in a gateway's queue; past it, its `flex` runs are shed first (design §12).
 """
 
 from __future__ import annotations

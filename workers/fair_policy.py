@@ -1,4 +1,4 @@
-"""Fair scheduling inside the engine (design §11): which waiting sequence goes next, and which
+"""Fair scheduling inside the engine (design §12): which waiting sequence goes next, and which
 running one yields to it.
 
 - **Order.** Waiting sequences go by tier (`priority`, `default`, `flex`), then those whose

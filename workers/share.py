@@ -1,4 +1,4 @@
-"""Who a request is for, as fair sharing sees it (design §11): its tenant, weight and tier.
+"""Who a request is for, as fair sharing sees it (design §12): its tenant, weight and tier.
 
 The gateway sets a request's share from its tenant and the request's `service_tier`; the worker's
 scheduler orders and preempts by it (workers/fair_policy.py). One definition for both ends, and

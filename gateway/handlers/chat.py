@@ -23,7 +23,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     chat = parse_chat_request(body)
     opened = await RunLife(request, chat, body).open()
-    opened.headers[RUN_ID_HEADER] = opened.run_id  # before its first chunk (queued: design §11)
+    opened.headers[RUN_ID_HEADER] = opened.run_id  # before its first chunk (queued: design §12)
     if opened.ending is None:  # a run still kept: a browser may follow it by its token
         opened.headers[HEADER] = follow_token(request, opened.run_id, request[PRINCIPAL].tenant)
     return await answer(request, opened, chat)

@@ -62,7 +62,7 @@ class ResponseRenderer:
         params: ResponseParams,
         service_tier: str | None = None,
     ):
-        """`service_tier`: the tier serving the run (design §11), echoed by the object."""
+        """`service_tier`: the tier serving the run (design §12), echoed by the object."""
         self.response_id = response_id
         self.service_tier = service_tier
         self.model = model

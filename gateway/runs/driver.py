@@ -46,7 +46,7 @@ _CLOSE = "close the upstream stream"  # the driver's own cancel of its task, to 
 
 class Phase(enum.IntEnum):
     NEW = 0  # nothing asked of the upstream yet
-    WAITING = 1  # queued in the gateway for the backend's capacity (flow control, design §11)
+    WAITING = 1  # queued in the gateway for the backend's capacity (flow control, design §12)
     STREAMING = 2  # reading the upstream's stream; nothing decided
     STOPPING = 3  # the ending is decided early; reading on for the upstream's confirmation
     ENDED = 4  # the upstream's stream is over
@@ -218,20 +218,21 @@ class RunDriver:
             self.acct.confirmed_at = time.monotonic()  # the upstream ended the stream itself
 
     async def _wait_for_capacity(self) -> bool:
-        """Wait for the run's turn at a saturated backend (design §11), bound by its deadlines;
+        """Wait for the run's turn at a saturated backend (design §12), bound by its deadlines;
         False when it was stopped meanwhile (nothing was asked upstream). A run its tenant's
         full queue sheds raises Shed: refused like a busy backend, before any event."""
         ticket = self.spec.ticket
-        if ticket is None or ticket.dispatched:
-            return True
-        self.phase = Phase.WAITING
-        self._arm()
-        with contextlib.suppress(Withdrawn):  # stop() took it out of the queue
-            await ticket.wait()
+        if self.ending is None and ticket is not None and not ticket.dispatched:
+            self.phase = Phase.WAITING
+            self._arm()
+            with contextlib.suppress(Withdrawn):  # stop() took it out of the queue
+                await ticket.wait()
         if self.ending is None:
             return True
+        # NOTE: stopped while waiting, or while its `queued` status was being written: nothing
+        # was asked upstream, so there is nothing to confirm (its ticket goes back in run())
         self.phase = Phase.ENDED
-        self.acct.confirmed_at = self.ending.at  # stopped where it stood: nothing to confirm
+        self.acct.confirmed_at = self.ending.at
         return False
 
     def _give_back_capacity(self) -> None:

@@ -32,7 +32,7 @@ class RunSpec:
     # kept with the run record: a Responses run's fields; `background` (true) exempts the run
     # from the disconnect grace, since no client is meant to stay attached
     meta: dict[str, Any] = field(default_factory=dict)
-    # its place in the backend's flow control (design §11): the driver waits for its turn, and
+    # its place in the backend's flow control (design §12): the driver waits for its turn, and
     # gives it back when the run no longer uses the backend; None: it goes at once
     ticket: Ticket | None = None
 

@@ -1,4 +1,4 @@
-"""End to end, fair sharing (design §11): a real `sluice serve` on the tiny model whose worker
+"""End to end, fair sharing (design §12): a real `sluice serve` on the tiny model whose worker
 runs two sequences at once (so the gateway sends it four), a tenants file with two tenants,
 and the official `openai` client. One tenant floods; the other's requests overtake the flood's
 queued runs, in the gateway's queue and then in the engine, which preempts a flood sequence for

@@ -135,14 +135,18 @@ def test_a_stream_queued_behind_others_gets_its_headers_role_and_pings(tiny_mode
     with serving(tiny_model_dir, "--ping-interval", str(PING), env=env) as gateway:
         model = model_id(gateway)
         # NOTE: one 800-token run of the tiny model can end within the pings' wait, so three
-        # run one after another in front of the queued stream
+        # run one after another in front of the queued stream. The gateway sends a worker two
+        # batches (design §12): the first generates, the second waits in the engine's queue,
+        # the third and the queued stream wait in the gateway's.
         blockers = [open_stream(gateway, model, 900) for _ in range(3)]
         read_until(blockers[0], b'"delta":{"content":', 30)  # the first one is generating
+        raw, _ = read_until(blockers[1], b'"role":"assistant"', PING)  # the worker accepted it
+        assert not TOKEN.search(raw)
         sent = time.monotonic()
         queued = open_stream(gateway, model, 4)
-        raw, at = read_until(queued, b'"role":"assistant"', PING * 3)
-        assert raw.startswith(b"HTTP/1.1 200") and at - sent < PING
-        assert not TOKEN.search(raw)
+        raw, at = read_until(queued, b"\r\n\r\n", PING * 3)  # headers, its id among them
+        assert raw.startswith(b"HTTP/1.1 200") and at - sent < PING * 1.5
+        assert re.search(rb"x-sluice-run-id: chatcmpl-[0-9a-f]+", raw, re.IGNORECASE)
         raw, _ = read_until(queued, b": ping", PING * 4)
         assert not TOKEN.search(raw)  # still queued: pings before any token
         for blocker in blockers:

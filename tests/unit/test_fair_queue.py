@@ -1,9 +1,13 @@
 """The gateway's fair queue (policies/fair_queue.py): tier bands, weighted fair queuing over
-tokens, corrections by what a run really used, and no credit banked while idle. Exact orders."""
+tokens, corrections by what a run really used, and no credit banked while idle, in exact
+orders; and its flow control (gateway/flow_control.py) on a fake clock."""
 
 from __future__ import annotations
 
+from gateway.flow_control import FlowControl
+from gateway.metrics import GatewayMetrics
 from policies.fair_queue import FairQueue, Waiting
+from workers.share import Share
 
 
 def waiting(key: str, tenant: str, cost: float = 100, weight: float = 1.0, tier="default"):
@@ -117,3 +121,57 @@ def test_a_run_that_went_at_once_counts_for_its_tenant():
     queue.push(waiting("noisy1", "noisy"))
     queue.push(waiting("quiet0", "quiet"))
     assert drain(queue) == ["quiet0", "noisy1"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Backend:
+    """A backend of fixed capacity, as flow control sees it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.slots = capacity
+
+    def capacity(self) -> int:
+        return self.slots
+
+
+async def test_flow_control_dispatches_as_capacity_frees_and_times_waits_on_its_clock():
+    clock, metrics = Clock(), GatewayMetrics()
+    flow = FlowControl(Backend(1), metrics, clock=clock)
+    share = Share("t", 1.0, "default")
+    first = flow.admit("r1", "acme", share, max_queued=4, prompt=5, cost=21)
+    second = flow.admit("r2", "acme", share, max_queued=4, prompt=5, cost=21)
+    assert (first.dispatched, second.dispatched, flow.in_flight) == (True, False, 1)
+    clock.now += 2.5
+    first.done(prompt_tokens=7, generated_tokens=3)  # its capacity goes to the waiting run
+    assert second.dispatched and flow.in_flight == 1
+    wait = metrics.queue_wait.labels("acme", "default")
+    assert wait._sum.get() == 2.5  # 0 for the first, 2.5 s for the second
+    assert metrics.tokens_served.labels("acme")._value.get() == 3
+    second.done(None, 0)
+    second.done(None, 0)  # idempotent
+    assert flow.in_flight == 0
+
+
+async def test_retry_after_is_the_queue_over_the_recent_dispatch_rate_from_1_to_60():
+    clock = Clock()
+    flow = FlowControl(Backend(2), GatewayMetrics(), clock=clock)
+    share = Share("t", 1.0, "flex")
+    assert flow.retry_after() == 60.0  # nothing dispatched lately: the longest wait
+    tickets = [flow.admit(f"r{i}", "acme", share, 100, 1, 2) for i in range(22)]
+    # 2 dispatched in the last 10 s (0.2/s), 20 waiting: 100 s, capped at 60
+    assert flow.retry_after() == 60.0
+    for ticket in tickets[:2]:
+        ticket.done(None, 1)  # two more go: 4 in 10 s, 18 waiting → 45 s
+    assert flow.retry_after() == 45.0
+    clock.now += 11  # the window moved past all of them
+    assert flow.retry_after() == 60.0
+    for ticket in tickets:
+        ticket.done(None, 0)
+    assert (len(flow.queue), flow.in_flight) == (0, 0)

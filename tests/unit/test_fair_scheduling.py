@@ -1,4 +1,4 @@
-"""Fair scheduling in the engine (design §11, workers/fair_policy.py): the waiting order by tier
+"""Fair scheduling in the engine (design §12, workers/fair_policy.py): the waiting order by tier
 and tenant, who yields to whom and why, the once-per-sequence bound, and arrival order under
 `fcfs`. Exact orderings, exact victims, exact counts."""
 

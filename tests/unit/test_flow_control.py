@@ -1,4 +1,4 @@
-"""Flow control through the real app over a scripted upstream of fixed capacity (design §11):
+"""Flow control through the real app over a scripted upstream of fixed capacity (design §12):
 runs beyond capacity wait `queued` in fair order, and a queued run is a run: retrievable,
 cancellable, resumable, bound by its queue deadline, cancelled when its client leaves for good;
 full queues shed `flex` first; `service_tier` is checked and echoed. Every test runs on the

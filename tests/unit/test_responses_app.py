@@ -252,3 +252,17 @@ async def test_bad_input_is_a_400_naming_the_field(aiohttp_client, store_setting
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == param
     assert adapter.requests == []
+
+
+async def test_the_service_tier_is_checked_and_echoed_by_the_response(
+    aiohttp_client, store_settings
+):
+    client, adapter = await make_client(aiohttp_client, store_settings)
+    resp = await client.post("/v1/responses", json=body(service_tier="flex"), headers=AUTH)
+    created = await resp.json()
+    assert created["service_tier"] == "flex"
+    assert Response.model_validate(created).service_tier == "flex"
+    assert adapter.requests[-1].share.tier == "flex"
+    refused = await client.post("/v1/responses", json=body(service_tier="priority"), headers=AUTH)
+    error = (await refused.json())["error"]
+    assert (refused.status, error["param"]) == (400, "service_tier")

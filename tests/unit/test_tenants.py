@@ -19,6 +19,7 @@ from policies.tenants import (
     single_tenant,
 )
 from policies.tenants_fields import parse_duration
+from policies.tenants_sharing import Sharing
 from policies.tenants_watch import reload_now
 
 HASH_A = hash_key("sk-sluice-a")
@@ -163,6 +164,15 @@ def test_a_tenant_with_nothing_set_is_unlimited_and_allows_every_model(tmp_path)
         ('keys = ["sha256:abc"]', "keys[0]", "64 lowercase hex"),
         (f'keys = [{{hash = "{HASH_A}", note = "x"}}]', "keys[0].note", "unknown field"),
         (f'keys = [{{hash = "{HASH_A}", created = 5}}]', "keys[0].created", "ISO-8601"),
+        ("weight = 0", "weight", "between"),
+        ('weight = "3"', "weight", "positive number"),
+        ("weight = 5000", "weight", "between"),
+        ('tiers = ["gold"]', "tiers", "not a service tier"),
+        ('tiers = "flex"', "tiers", "list of non-empty strings"),
+        ('tiers = ["flex"]', "default_tier", "not among its tiers"),
+        ('default_tier = "priority"', "default_tier", "not among its tiers"),
+        ("max_queued = 0", "max_queued", "positive integer"),
+        ("wieght = 2", "wieght", "did you mean 'weight'"),
     ],
 )
 def test_every_tenant_error_names_the_file_the_tenant_and_the_field(tmp_path, body, field, words):
@@ -359,3 +369,16 @@ def test_a_reload_picks_up_changed_shared_system_prompts(tmp_path):
     path.write_text('[prefix_cache]\nshared_system_prompts = ["new"]\n[tenants.acme]\n')
     assert reload_now(path, seen.append)
     assert [c.shared_system_prompts for c in seen] == [frozenset({"old"}), frozenset({"new"})]
+
+
+def test_sharing_fields_are_read_and_default_to_an_even_share(tmp_path):
+    text = (
+        "[tenants.plain]\n"
+        "[tenants.batch]\n"
+        'weight = 3\ntiers = ["flex", "priority"]\ndefault_tier = "flex"\nmax_queued = 9\n'
+    )
+    tenants = load_tenants(write(tmp_path, text)).tenants
+    assert tenants["plain"].sharing == Sharing(1.0, ("default", "flex"), "default", 256)
+    assert tenants["batch"].sharing == Sharing(3.0, ("flex", "priority"), "flex", 9)
+    assert tenants["batch"].digest == tenants["batch"].cache_salt  # one digest, never the name
+    assert "batch" not in tenants["batch"].digest
