@@ -14,8 +14,8 @@ import pytest
 
 from adapters.events import TextDelta
 from gateway.app_keys import AUTH as AUTH_KEY
-from gateway.app_keys import FLOWS, METRICS, RUNS
-from policies.tenants import Tenant, single_tenant
+from gateway.app_keys import FLOWS, LEDGER, METRICS, RUNS
+from policies.tenants import Tenant, TenantLimits, single_tenant
 from policies.tenants_sharing import Sharing
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stream_payloads
@@ -281,3 +281,46 @@ async def test_without_a_bound_every_run_goes_at_once(aiohttp_client, store_sett
     await client.post(f"/v1/chat/completions/{holder}/cancel", headers=AUTH)
     metrics = await (await client.get("/metrics")).text()
     assert 'sluice_tenant_tokens_served_total{tenant="default"} 7.0' in metrics
+
+
+async def test_a_queued_run_that_ends_gives_back_its_concurrency_slot_and_leaves_one_record(
+    aiohttp_client, store_settings, tmp_path
+):
+    adapter, client = await make_client(
+        aiohttp_client, store_settings, usage_file=str(tmp_path / "usage.jsonl"), ping_interval=0.05
+    )
+    auth = client.app[AUTH_KEY]
+    key = "sk-sluice-capped-key"
+    capped = Tenant(
+        "capped",
+        limits=TenantLimits(max_concurrent=2),
+        keys=single_tenant([key], "capped").tenants["capped"].keys,
+    )
+    auth.reload(replace(auth.config, tenants={**auth.config.tenants, "capped": capped}))
+    await hold_the_slot(client, adapter)
+    queued = await submit(client, headers=bearer(key))
+    await until(lambda: queued_ids(client), "the capped tenant's run to queue")
+    (run_id,) = queued_ids(client)
+    other = await submit(client, headers=bearer(key))
+    await until(lambda: len(queued_ids(client)) == 2, "its second run to queue")
+    full = await client.post("/v1/chat/completions", json=chat_body(), headers=bearer(key))
+    assert full.status == 429  # two live runs, queued ones included: its concurrency limit
+    assert (await full.json())["error"]["code"] == "rate_limit_exceeded"
+    await client.post(f"/v1/chat/completions/{run_id}/cancel", headers=bearer(key))
+    assert (await queued).status == 499
+
+    async def records() -> list:
+        return [r async for r in client.app[LEDGER].read(tenant="capped") if r.run_id == run_id]
+
+    (record,) = await until(records, "the cancelled run's usage record")
+    assert (record.status, record.generated_tokens) == ("cancelled", 0)
+
+    async def admitted() -> bool:  # the cancelled run's slot comes back as it settles
+        resp = await client.post(
+            "/v1/chat/completions", json=chat_body(stream=True), headers=bearer(key)
+        )
+        resp.close()  # queued: its headers come within a heartbeat; it is cancelled after
+        return resp.status == 200
+
+    await until(admitted, "a new run to take the cancelled run's slot")
+    other.cancel()
