@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from pool_serve import ROOT, Stream, _die_with_parent, stream_chat, user
+from pool_serve import ROOT, Stream, _die_with_parent, stop_process, stream_chat, user
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.local_worker import free_port
@@ -98,13 +98,7 @@ class Process:
         )  # fmt: skip
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 class Gateway(Process):
@@ -132,6 +126,22 @@ class Gateway(Process):
                             return (await models.json())["data"][0]["id"]
             await asyncio.sleep(0.3)
         sys.exit("sluice serve did not become ready")
+
+    async def queue_wait(self, session: aiohttp.ClientSession, tenant: str) -> float:
+        """The longest a run of `tenant` waited in the gateway's queues, as the histogram's
+        bucket bound that holds every run of it (0 when none waited a millisecond)."""
+        async with session.get(f"{self.base}/metrics") as resp:
+            text = await resp.text()
+        buckets = sorted(
+            (float(s.labels["le"]), s.value)
+            for family in text_string_to_metric_families(text)
+            if family.name == "sluice_flow_queue_wait_seconds"
+            for s in family.samples
+            if s.name.endswith("_bucket") and s.labels.get("tenant") == tenant
+        )
+        total = buckets[-1][1] if buckets else 0
+        first = next((bound for bound, count in buckets if count >= total), 0.0)
+        return 0.0 if first == buckets[0][0] else first
 
     async def step_seconds(self, session: aiohttp.ClientSession) -> tuple[float, float]:
         """(seconds, steps) its local worker's engine has run so far."""
@@ -236,26 +246,51 @@ async def warm(session, load: Load) -> None:
         )
 
 
-async def noisy_cell(args, session, gw: Gateway, model: str) -> dict:
-    quiet = Load(gw.base, model, "quiet", QUIET_PROMPT, args.quiet_tokens)
-    noisy = Load(gw.base, model, "noisy", FLOOD_PROMPT, args.flood_tokens, vary=True)
-    await warm(session, quiet)
-    alone = ttfts(await one_at_a_time(session, quiet, args.alone_seconds))
+@dataclass(slots=True)
+class UnderFlood:
+    """One tenant's requests, one at a time, alone and then under another's flood."""
+
+    alone: list[float]  # TTFTs alone
+    under: list[float]  # TTFTs under the flood
+    tokens_per_s: float  # everyone's, in the measured window
+    step_s: float | None = None  # the engine's mean step over the window (asked with `gw`)
+
+
+async def under_flood(
+    args, session, one: Load, noisy: Load, pause: float = 0.0, gw: Gateway | None = None
+) -> UnderFlood:
+    """`one` alone, then under `noisy`'s flood; with `gw`, also the local worker's mean step
+    time over the measured window."""
+    alone = ttfts(await one_at_a_time(session, one, args.alone_seconds))
     flooding: list[Stream] = []
     end = time.perf_counter() + args.settle + args.seconds
     task = flood(session, noisy, args.flood, end, flooding)
     await asyncio.sleep(args.settle)
+    before = None if gw is None else await gw.step_seconds(session)
     start = time.perf_counter()
-    quiets = await one_at_a_time(session, quiet, end - start)
+    ones = await one_at_a_time(session, one, end - start, pause)
+    step = None
+    if gw is not None and before is not None:
+        after = await gw.step_seconds(session)
+        step = (after[0] - before[0]) / max(1.0, after[1] - before[1])
     await task
-    tokens = in_window(flooding + quiets, start, end)
-    under = ttfts(quiets)
+    tokens = in_window(flooding + ones, start, end) / (end - start)
+    return UnderFlood(alone, ttfts(ones), tokens, step)
+
+
+async def noisy_cell(args, session, gw: Gateway, model: str) -> dict:
+    quiet = Load(gw.base, model, "quiet", QUIET_PROMPT, args.quiet_tokens)
+    noisy = Load(gw.base, model, "noisy", FLOOD_PROMPT, args.flood_tokens, vary=True)
+    await warm(session, quiet)
+    got = await under_flood(args, session, quiet, noisy)
+    alone, under = got.alone, got.under
     return {
         "alone p50": pct(alone, 0.5),
         "p50": pct(under, 0.5),
         "p99": pct(under, 0.99),
         "quiet done": len(under),
-        "tokens/s": tokens / (end - start),
+        "queued at most": await gw.queue_wait(session, "quiet"),
+        "tokens/s": got.tokens_per_s,
     }
 
 
@@ -282,18 +317,8 @@ async def priority_cell(args, session, gw: Gateway, model: str) -> dict:
     vip = Load(gw.base, model, "vip", QUIET_PROMPT, args.quiet_tokens, tier="priority")
     noisy = Load(gw.base, model, "noisy", FLOOD_PROMPT, args.flood_tokens, vary=True)
     await warm(session, vip)
-    alone = ttfts(await one_at_a_time(session, vip, args.alone_seconds))
-    flooding: list[Stream] = []
-    end = time.perf_counter() + args.settle + args.seconds
-    task = flood(session, noisy, args.flood, end, flooding)
-    await asyncio.sleep(args.settle)
-    before = await gw.step_seconds(session)
-    start = time.perf_counter()
-    vips = await one_at_a_time(session, vip, end - start, pause=0.5)
-    after = await gw.step_seconds(session)
-    await task
-    step = (after[0] - before[0]) / max(1.0, after[1] - before[1])
-    under = ttfts(vips)
+    got = await under_flood(args, session, vip, noisy, pause=0.5, gw=gw)
+    alone, under, step = got.alone, got.under, got.step_s or 0.0
     bound = pct(alone, 0.5) + 2 * step
     return {
         "alone p50": pct(alone, 0.5),
@@ -308,21 +333,14 @@ async def priority_cell(args, session, gw: Gateway, model: str) -> dict:
 async def upstream_cell(args, session, gw: Gateway, model: str) -> dict:
     quiet = Load(gw.base, model, "quiet", QUIET_PROMPT, args.upstream_quiet_tokens)
     noisy = Load(gw.base, model, "noisy", FLOOD_PROMPT, args.upstream_flood_tokens, vary=True)
-    alone = ttfts(await one_at_a_time(session, quiet, args.alone_seconds))
-    flooding: list[Stream] = []
-    end = time.perf_counter() + args.settle + args.seconds
-    task = flood(session, noisy, args.flood, end, flooding)
-    await asyncio.sleep(args.settle)
-    start = time.perf_counter()
-    quiets = await one_at_a_time(session, quiet, end - start)
-    await task
-    under = ttfts(quiets)
+    got = await under_flood(args, session, quiet, noisy)
+    alone, under = got.alone, got.under
     return {
         "alone p50": pct(alone, 0.5),
         "bound": 2 * pct(alone, 0.5) + args.upstream_ttft_ms / 1000,
         "p50": pct(under, 0.5),
         "p99": pct(under, 0.99),
-        "tokens/s": in_window(flooding + quiets, start, end) / (end - start),
+        "tokens/s": got.tokens_per_s,
     }
 
 
@@ -363,7 +381,7 @@ CELLS = {
 
 # -- the tables ---------------------------------------------------------------------------------
 
-SECONDS = ("alone p50", "p50", "p99", "bound", "loaded step", "default p50")
+SECONDS = ("alone p50", "p50", "p99", "bound", "loaded step", "default p50", "queued at most")
 
 
 def table(name: str, rows: dict[str, dict]) -> str:
