@@ -54,7 +54,9 @@ class BackendFailed(Exception):
 
 
 class Adapter(Protocol):
-    """What the gateway needs from an upstream."""
+    """What the gateway needs from an upstream. Optional beside these: `stats()` (our workers'
+    load, read by a pool) and `capacity()`, how many runs this gateway may stream from it at
+    once, None when unbounded (flow control, design §12)."""
 
     name: str
 
