@@ -36,6 +36,12 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="an OpenAI-compatible server that serves model NAME; #capacity=N: the runs it "
         "takes at once, beyond which they wait in this gateway's fair queues",
     )
+    p.add_argument(
+        "--scheduling",
+        choices=list(SCHEDULINGS),
+        help="fair (the default): runs for a saturated backend wait in per-tenant queues here, "
+        "by tier and weight, and local workers schedule the same way; fcfs: as they come",
+    )
     _add_run_arguments(p)
     _add_browser_arguments(p)
 
@@ -107,12 +113,6 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         choices=list(ROUTINGS),
         help="how a pool picks a member: affinity (prefix cache, bounded by load; the default), "
         "least_load, random",
-    )
-    p.add_argument(
-        "--scheduling",
-        choices=list(SCHEDULINGS),
-        help="fair (the default): runs for a saturated backend wait in per-tenant queues here, "
-        "by tier and weight, and local workers schedule the same way; fcfs: as they come",
     )
     p.add_argument(
         "--shutdown-timeout",

@@ -139,6 +139,11 @@ class RunAccounting:
                 self.usage = event
 
     @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's tokens as the upstream reported them (None: it never said)."""
+        return self.usage.prompt_tokens if self.usage else None
+
+    @property
     def generated_tokens(self) -> int:
         counted = self.arrived_tokens + self.tail_tokens  # what a stage held back included
         reported = self.usage.completion_tokens if self.usage else self.aborted_tokens
@@ -168,7 +173,7 @@ class RunAccounting:
             cancel_latency_ms=(
                 None if ending is None or confirmed is None else _ms(confirmed - ending.at)
             ),
-            prompt_tokens=self.usage.prompt_tokens if self.usage else None,
+            prompt_tokens=self.prompt_tokens,
             generated_tokens=self.generated_tokens,
             sent_tokens=self.sent_tokens,
             tail_tokens=self.tail_tokens,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -40,3 +42,31 @@ def next_deadline(
         return "none", None
     kind, left = min(candidates, key=lambda c: c[1])
     return kind, max(0.0, left)
+
+
+class Alarm:
+    """One lazy timer: at most one call of `ring` pending, armed again by whoever it calls.
+    NOTE: a run keeps one of these instead of a timeout around every read: armed for the
+    nearest deadline as last computed, it recomputes when it rings (tokens may have come since)
+    and either acts or is armed again."""
+
+    __slots__ = ("_handle", "_ring")
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self, delay: float | None) -> None:
+        """Ring in `delay` seconds (None: not at all), instead of any earlier arming."""
+        self.cancel()
+        if delay is not None:
+            self._handle = asyncio.get_running_loop().call_later(delay, self._rang)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _rang(self) -> None:
+        self._handle = None
+        self._ring()

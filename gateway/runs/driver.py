@@ -30,12 +30,13 @@ from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelt
 from gateway.flow_control import Shed, Withdrawn
 from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
-from gateway.runs.deadlines import next_deadline
+from gateway.runs.deadlines import Alarm, next_deadline
 from gateway.runs.endings import STORE_LOST_CAUSE, ending, error_body, refusal, stage_failure
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import RunStatus
 from gateway.runs.store import Chunk, LogClosed, RunStore, TerminalRecord
+from gateway.tasks import finish_then_reraise
 
 BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed, Shed)
 log = structlog.get_logger("sluice.runs")
@@ -82,7 +83,7 @@ class RunDriver:
         self.terminal: TerminalRecord | None = None
         self.outcome: RunOutcome | None = None
         self._task: asyncio.Task[RunOutcome] | None = None
-        self._timer: asyncio.TimerHandle | None = None  # deadlines, then the stop's confirmation
+        self._timer = Alarm(self._on_timer)  # deadlines, then the stop's confirmation
         self._stopping: asyncio.Task[None] | None = None
 
     @property
@@ -117,7 +118,7 @@ class RunDriver:
         if self.ending is not None:
             return False
         self.ending = Ending(status, cause, source, time.monotonic(), error)
-        self._cancel_timer()
+        self._timer.cancel()
         if self.phase is Phase.WAITING and self.spec.ticket is not None:
             self.spec.ticket.withdraw()  # its wait ends now: nothing was asked upstream
         if self.phase is Phase.STREAMING:
@@ -187,12 +188,15 @@ class RunDriver:
                 await self._end()
         finally:
             self.phase = Phase.ENDED
-            self._cancel_timer()
+            self._timer.cancel()
             self._give_back_capacity()
             if self._stopping is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopping)
-        return await self._settle_shielded(shutdown)
+        # NOTE: a run cut at shutdown is settled all the same (its refund, its ending kept with
+        # its key, its usage record, its run end line), and no cancel leaves a settlement half
+        # done; only a second cancel stops the wait, which RunManager.close bounds
+        return await finish_then_reraise(self._settle(), shutdown)
 
     async def _end(self) -> None:
         """Write the run's ending: the completion (also after a stage ended every choice
@@ -239,9 +243,7 @@ class RunDriver:
         """The run no longer uses (or never will use) the backend: its place in the flow
         control goes back, its tenant charged what it used (idempotent)."""
         if self.spec.ticket is not None:
-            usage = self.acct.usage
-            prompt = usage.prompt_tokens if usage is not None else None
-            self.spec.ticket.done(prompt, self.acct.generated_tokens)
+            self.spec.ticket.done(self.acct.prompt_tokens, self.acct.generated_tokens)
 
     async def _read(self, events: AsyncIterator[list[Event]]) -> bool:
         """Record batches until the stream ends (True) or reports a failure (False); once the
@@ -353,26 +355,6 @@ class RunDriver:
         self.acct.terminal_at = time.monotonic()
         self.terminal = record if won else (await self.store.get(self.run_id)).terminal
 
-    async def _settle_shielded(self, shutdown: asyncio.CancelledError | None) -> RunOutcome:
-        """Settle the run, then re-raise the shutdown's cancel if one cut it.
-
-        NOTE: a run cut at shutdown is settled all the same (its refund, its ending kept with its
-        key, its usage record, its run end line), and no cancel leaves a settlement half done:
-        the first cancel the driver gets is answered with its ending and its settlement, both
-        shielded; only a second one (gateway/tasks.py) stops the wait, which RunManager.close
-        bounds."""
-        settling = asyncio.ensure_future(self._settle())
-        try:
-            outcome = await asyncio.shield(settling)
-        except asyncio.CancelledError as exc:  # the gateway shutting down as the run settles
-            if shutdown is not None:
-                raise
-            shutdown = exc
-            await asyncio.shield(settling)
-        if shutdown is not None:
-            raise shutdown
-        return outcome
-
     async def _settle(self) -> RunOutcome:
         terminal = self.terminal or TerminalRecord(RunStatus.FAILED, "gateway_error")
         self.outcome = outcome = self.acct.outcome(self.spec, self.ending, terminal)
@@ -390,24 +372,12 @@ class RunDriver:
 
     # -- deadlines -------------------------------------------------------------------------------
 
-    # NOTE: one lazy timer per run instead of a timeout around every read: it is armed for the
-    # nearest deadline as last computed, and when it fires it recomputes (tokens may have come
-    # since) and either acts or re-arms. Per batch the driver only notes the token time. Once
-    # the run is stopping, the same timer bounds the wait for the upstream's confirmation.
+    # NOTE: per batch the driver only notes the token time (the Alarm recomputes when it rings).
+    # Once the run is stopping, the same alarm bounds the wait for the upstream's confirmation.
     def _arm(self, delay: float | None = None) -> None:
-        self._cancel_timer()
-        if delay is None:
-            delay = self._next_deadline()[1]
-        if delay is not None:
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.arm(self._next_deadline()[1] if delay is None else delay)
 
     def _on_timer(self) -> None:
-        self._timer = None
         if self.phase is Phase.STOPPING:  # the upstream did not confirm the stop in time
             self._close_upstream()
             return
