@@ -20,6 +20,7 @@ releases it when the run stops using the backend, with what it really used.
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 import time
 from collections import deque
@@ -48,6 +49,15 @@ class Withdrawn(Exception):
     """The run left the queue before its turn (cancelled, timed out)."""
 
 
+class TicketState(enum.Enum):
+    NEW = "new"
+    QUEUED = "queued"  # waiting for capacity
+    DISPATCHED = "dispatched"  # its run may use the backend
+    RELEASED = "released"  # its run is done with the backend
+    WITHDRAWN = "withdrawn"  # it left the queue (cancelled, timed out)
+    SHED = "shed"  # a run of a higher tier took its place
+
+
 def capacity_of(backend: Adapter) -> int | None:
     """How many runs this gateway may have streaming from `backend` now; None: no bound known."""
     capacity: Callable[[], int | None] | None = getattr(backend, "capacity", None)
@@ -70,40 +80,40 @@ class Ticket:
         self.prompt = prompt
         self.waiting = Waiting(run_id, tenant, share.weight, share.tier, cost)
         self.queued_at = flow.clock()
-        self.state = "new"  # → queued → dispatched → released; queued → withdrawn | shed
+        self.state = TicketState.NEW  # → QUEUED → DISPATCHED → RELEASED; QUEUED → WITHDRAWN | SHED
         self._future: asyncio.Future[None] | None = None
 
     @property
     def dispatched(self) -> bool:
-        return self.state in ("dispatched", "released")
+        return self.state in (TicketState.DISPATCHED, TicketState.RELEASED)
 
     async def wait(self) -> None:
         """Until the run's turn; raises Shed (evicted) or Withdrawn."""
-        if self.state == "queued":
+        if self.state is TicketState.QUEUED:
             if self._future is None:
                 self._future = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._future)
-        elif self.state == "shed":
+        elif self.state is TicketState.SHED:
             raise Shed(self.share.tier, self.flow.retry_after())
-        elif self.state == "withdrawn":
+        elif self.state is TicketState.WITHDRAWN:
             raise Withdrawn
 
     def withdraw(self) -> None:
         """Leave the queue (idempotent; nothing once dispatched)."""
-        if self.state == "queued":
+        if self.state is TicketState.QUEUED:
             self.flow.leave(self)
-            self._resolve("withdrawn", Withdrawn())
+            self._resolve(TicketState.WITHDRAWN, Withdrawn())
 
     def done(self, prompt_tokens: int | None, generated_tokens: int) -> None:
         """The run no longer uses the backend (or never will): its capacity goes back, and its
         tenant is charged what it used. Idempotent; a queued run is withdrawn."""
-        if self.state == "dispatched":
-            self.state = "released"
+        if self.state is TicketState.DISPATCHED:
+            self.state = TicketState.RELEASED
             self.flow.release(self, prompt_tokens, generated_tokens)
         else:
             self.withdraw()
 
-    def _resolve(self, state: str, error: BaseException | None = None) -> None:
+    def _resolve(self, state: TicketState, error: BaseException | None = None) -> None:
         self.state = state
         if self._future is not None and not self._future.done():
             if error is None:
@@ -151,8 +161,8 @@ class FlowControl:
             shed = self._tickets[victim.key]
             self.leave(shed)
             self.metrics.shed.labels("flex").inc()
-            shed._resolve("shed", Shed("flex", self.retry_after()))
-        ticket.state = "queued"
+            shed._resolve(TicketState.SHED, Shed("flex", self.retry_after()))
+        ticket.state = TicketState.QUEUED
         self._tickets[run_id] = ticket
         self.queue.push(ticket.waiting)
         self.metrics.queue_depth.labels(tenant, share.tier).inc()
@@ -193,7 +203,7 @@ class FlowControl:
         self._dispatches.append(now)
         share = ticket.share
         self.metrics.queue_wait.labels(ticket.tenant, share.tier).observe(now - ticket.queued_at)
-        ticket._resolve("dispatched")
+        ticket._resolve(TicketState.DISPATCHED)
 
     def _dispatch_waiting(self) -> None:
         """Dispatch waiting runs, best first, while capacity is free; while some still wait,

@@ -45,28 +45,29 @@ def next_deadline(
 
 
 class Alarm:
-    """One lazy timer: at most one call of `ring` pending, armed again by whoever it calls.
+    """One lazy timer: at most one call pending, armed again by whoever it calls.
     NOTE: a run keeps one of these instead of a timeout around every read: armed for the
     nearest deadline as last computed, it recomputes when it rings (tokens may have come since)
-    and either acts or is armed again."""
+    and either acts or is armed again. It holds what it calls only while armed: a run that
+    ended is freed by its reference count, not left to the cyclic collector (which the gateway
+    runs seldom, gateway/gc_policy.py) with its whole completion."""
 
-    __slots__ = ("_handle", "_ring")
+    __slots__ = ("_handle",)
 
-    def __init__(self, ring: Callable[[], None]) -> None:
-        self._ring = ring
+    def __init__(self) -> None:
         self._handle: asyncio.TimerHandle | None = None
 
-    def arm(self, delay: float | None) -> None:
-        """Ring in `delay` seconds (None: not at all), instead of any earlier arming."""
+    def arm(self, delay: float | None, ring: Callable[[], None]) -> None:
+        """Call `ring` in `delay` seconds (None: not at all), instead of any earlier arming."""
         self.cancel()
         if delay is not None:
-            self._handle = asyncio.get_running_loop().call_later(delay, self._rang)
+            self._handle = asyncio.get_running_loop().call_later(delay, self._rang, ring)
 
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
 
-    def _rang(self) -> None:
+    def _rang(self, ring: Callable[[], None]) -> None:
         self._handle = None
-        self._ring()
+        ring()

@@ -83,7 +83,7 @@ class RunDriver:
         self.terminal: TerminalRecord | None = None
         self.outcome: RunOutcome | None = None
         self._task: asyncio.Task[RunOutcome] | None = None
-        self._timer = Alarm(self._on_timer)  # deadlines, then the stop's confirmation
+        self._timer = Alarm()  # deadlines, then the stop's confirmation
         self._stopping: asyncio.Task[None] | None = None
 
     @property
@@ -375,7 +375,7 @@ class RunDriver:
     # NOTE: per batch the driver only notes the token time (the Alarm recomputes when it rings).
     # Once the run is stopping, the same alarm bounds the wait for the upstream's confirmation.
     def _arm(self, delay: float | None = None) -> None:
-        self._timer.arm(self._next_deadline()[1] if delay is None else delay)
+        self._timer.arm(self._next_deadline()[1] if delay is None else delay, self._on_timer)
 
     def _on_timer(self) -> None:
         if self.phase is Phase.STOPPING:  # the upstream did not confirm the stop in time
