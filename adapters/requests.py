@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.share import Share
+from wire.share import Share
 
 
 @dataclass(slots=True)

@@ -32,10 +32,10 @@ from adapters.events import (
 )
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
-from workers import api
-from workers.generate_body import GenerateRequest
-from workers.output_spec import parse_response_format, parse_tools
-from workers.sampling_params import InvalidParam, SamplingParams
+from wire import api
+from wire.generate_body import GenerateRequest
+from wire.output_spec import parse_response_format, parse_tools
+from wire.sampling_params import InvalidParam, SamplingParams
 
 _PASSED_CODES = frozenset(
     {

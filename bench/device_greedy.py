@@ -26,11 +26,11 @@ from model_args import add_model_arguments, load_model_of  # noqa: E402
 
 def engine_tokens(engine, prompts: list[list[int]], new: int) -> list[list[int]]:
     """Every prompt submitted at once, greedy; each request's generated token ids."""
+    from wire.sampling_params import SamplingParams
     from workers.request import EngineRequest
-    from workers.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-    from workers.api import TextLine
+    from wire.api import TextLine
 
     tokens: dict[str, list[int]] = {}
     for i, ids in enumerate(prompts):

@@ -44,9 +44,9 @@ def launch_us(device: str, count: int = 2000) -> float:
 def decoding_engine(model, tokenizer, concurrency: int, max_new: int, **settings):
     """An engine whose `concurrency` requests have all finished prefill and are decoding;
     `settings` go to the engine."""
+    from wire.sampling_params import SamplingParams
     from workers.engine import Engine
     from workers.request import EngineRequest
-    from workers.sampling_params import SamplingParams
 
     engine = Engine(model, tokenizer, max_num_seqs=concurrency, **settings)
     params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)

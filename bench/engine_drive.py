@@ -18,7 +18,7 @@ from engine_workload import Arrival
 
 def _params(max_new: int) -> Any:
     try:
-        from workers.sampling_params import SamplingParams
+        from wire.sampling_params import SamplingParams
     except ImportError:  # a --compare tree from before the module's rename
         from workers.sampling import SamplingParams
     return SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)

@@ -84,8 +84,8 @@ def make_engine(model: Any, tokenizer: Any, settings: dict[str, Any]) -> tuple[A
 
 def bench_grammar(engine: Any, tokenizer: Any) -> Any:
     """Row (f)'s compiled grammar (compiled once: the cost measured is the per-step mask)."""
+    from wire.output_spec import ResponseFormat
     from workers.grammar import GrammarCompiler, grammar_source
-    from workers.output_spec import ResponseFormat
 
     compiler = GrammarCompiler(tokenizer, engine.vocab_size, engine.stop_ctx.eos_token_ids)
     fmt = ResponseFormat("json_schema", BENCH_SCHEMA, "bench")

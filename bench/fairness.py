@@ -48,7 +48,7 @@ import aiohttp
 from pool_serve import ROOT, Stream, _die_with_parent, stop_process, stream_chat, user
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from policies.auth import hash_key
 
 ARMS = ("fcfs", "fair")

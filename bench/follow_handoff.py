@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.runs.manager import RunManager
 from gateway.runs.status import RunStatus
-from gateway.runs.store import RunRecord, TerminalRecord, log_chunk
-from gateway.runs.store_memory import MemoryRunStore
+from gateway.state.run_store import RunRecord, TerminalRecord, log_chunk
+from gateway.state.run_store_memory import MemoryRunStore
 
 PAYLOAD = (
     b'{"id":"chatcmpl-0","object":"chat.completion.chunk","created":0,"model":"m",'

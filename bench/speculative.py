@@ -106,8 +106,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_wave(engine: Any, prompts: dict[int, list[int]], max_new: int, tally: Tally | None) -> None:
     """Submit the wave, step until done; stamp each text line when `step()` returns."""
+    from wire.sampling_params import SamplingParams
     from workers.request import EngineRequest
-    from workers.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_new, temperature=0.0)
     before = engine.speculator.stats

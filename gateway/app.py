@@ -23,13 +23,11 @@ from gateway.app_keys import (
     RUNS,
     SETTINGS,
 )
-from gateway.backend_health import BackendHealth
-from gateway.backends import local_workers, member_adapters, routed_backends
-from gateway.cors import add_cors_headers, preflight
+from gateway.backends.from_settings import local_workers, member_adapters, routed_backends
+from gateway.backends.health import BackendHealth
+from gateway.backends.pool_metrics import PoolCollector
+from gateway.backends.supervisor import Supervisor
 from gateway.credentials import build_authenticator, watch_tenants_file
-from gateway.drain import SETTLE_MARGIN, Drain
-from gateway.flow_control import Flows
-from gateway.follow_access import follow_tokens_ctx
 from gateway.handlers.chat import create_chat_completion
 from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
@@ -43,19 +41,21 @@ from gateway.handlers.responses import (
     retrieve_response,
 )
 from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completion
+from gateway.http.cors import add_cors_headers, preflight
+from gateway.http.drain import SETTLE_MARGIN, Drain
+from gateway.http.follow_access import follow_tokens_ctx
+from gateway.http.middlewares import add_request_id, authenticate, request_context
 from gateway.metrics import GatewayMetrics
-from gateway.middlewares import add_request_id, authenticate, request_context
-from gateway.pool_metrics import PoolCollector
+from gateway.runs.flow_control import Flows
 from gateway.settings import Settings
-from gateway.stores import shared_state
-from gateway.supervisor import Supervisor
+from gateway.state.stores import shared_state
 
 log = structlog.get_logger("sluice.app")
 
 
 def _backends(adapters: list[Adapter] | None):
-    """cleanup_ctx: start local workers and members, route the models (gateway/backends.py);
-    undo it all at exit."""
+    """cleanup_ctx: start local workers and members, route the models
+    (gateway/backends/from_settings.py); undo it all at exit."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
@@ -103,7 +103,7 @@ def _backends(adapters: list[Adapter] | None):
 
 
 async def _drain_then_close_streams(app: web.Application) -> None:
-    """on_shutdown: finish the drain (gateway/drain.py) so streams get their runs' end and
+    """on_shutdown: finish the drain (gateway/http/drain.py) so streams get their runs' end and
     [DONE] before connections close, then end the streams still open now instead of waiting
     out the shutdown timeout. `sluice serve` drains on SIGTERM while still listening; an app
     shut down without that (tests, another runner) cancels its live runs here, without a wait."""

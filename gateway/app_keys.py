@@ -7,17 +7,17 @@ import weakref
 from aiohttp import web
 
 from adapters.catalog import Catalog
-from gateway.backend_health import BackendHealth
-from gateway.drain import Drain
-from gateway.flow_control import Flows
-from gateway.follow_tokens import FollowTokens
-from gateway.ledger import UsageLedger
+from gateway.backends.health import BackendHealth
+from gateway.http.drain import Drain
+from gateway.http.follow_tokens import FollowTokens
 from gateway.metrics import GatewayMetrics
-from gateway.redis_client import SharedRedis
-from gateway.redis_open import RedisOpener
+from gateway.runs.flow_control import Flows
 from gateway.runs.manager import RunManager
 from gateway.settings import Settings
-from gateway.store_health import DeferredWrites
+from gateway.state.ledger import UsageLedger
+from gateway.state.redis_client import SharedRedis
+from gateway.state.redis_open import RedisOpener
+from gateway.state.store_health import DeferredWrites
 from policies.auth import Authenticator, Principal
 from policies.idempotency import IdempotencyStore
 from policies.quotas import QuotaStore

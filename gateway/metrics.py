@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from policies.tenants import Tenant
-from workers.share import TIERS
+from wire.share import TIERS
 
 # NOTE: LLM latencies span five orders of magnitude: a cached short answer's first token in a
 # millisecond or two, a long generation (or a queue under load) in minutes, up to the default

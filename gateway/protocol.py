@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.requests import ChatRequest, Message
-from gateway.errors import invalid_request
+from gateway.http.errors import invalid_request
 from gateway.runs.tool_calls import check_tool_parameters
-from workers.limits import (
+from wire.limits import (
     MAX_N,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -19,7 +19,7 @@ from workers.limits import (
     ROLES,
     shown,
 )
-from workers.share import TIERS
+from wire.share import TIERS
 
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.runs.deadlines import Deadlines
-from workers.limits import MAX_BODY_BYTES
+from wire.limits import MAX_BODY_BYTES
 
 DEFAULT_MODEL = "default"
 SCHEDULINGS = ("fair", "fcfs")
@@ -75,7 +75,7 @@ class Settings:
     scheduling: str = "fair"
     worker_start_timeout: float = 300.0
     follow_token_ttl: float = 3600.0  # seconds a run's follow token lets a browser read it
-    follow_token_secret: str | None = None  # env or --config only (gateway/follow_access.py)
+    follow_token_secret: str | None = None  # env or --config only (gateway/http/follow_access.py)
     cors_origin: list[str] = field(default_factory=list)  # browser origins allowed (or "*")
     log_level: str = "info"
 

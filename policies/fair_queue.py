@@ -14,7 +14,7 @@ Work-conserving by construction: whenever capacity frees, some waiting run is di
 tenant with nothing waiting takes no turn, and one that comes back after idling starts at the
 system's virtual time (it banks no credit for the time it was away, and pays no debt).
 
-Pure and synchronous: the gateway's flow control (gateway/flow_control.py) owns the tickets and
+Pure and synchronous: the gateway's flow control (gateway/runs/flow_control.py) owns the tickets and
 the clocks; this only decides the order.
 """
 
@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import count
 
-from workers.share import TIER_RANK
+from wire.share import TIER_RANK
 
 
 @dataclass(slots=True, eq=False)

@@ -216,7 +216,7 @@ class RedisIdempotencyStore:
         self, tenant: str, key: str, fingerprint: str, run_id: str, ttl: float
     ) -> tuple[list[str], list[Any]]:
         """The claim script's keys and args: it also runs as part of a larger one
-        (gateway/redis_open.py)."""
+        (gateway/state/redis_open.py)."""
         _check_ttl(ttl)
         value = orjson.dumps({"run_id": run_id, "fingerprint": fingerprint, "created": time.time()})
         return [self._key(tenant, key)], [value, max(1, round(ttl * 1000))]

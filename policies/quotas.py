@@ -3,7 +3,7 @@
 `QuotaStore.admit` checks every limit and reserves in one atomic step; `release` frees the run's
 slot and corrects its token reservation to what the run really used. Two stores keep the same
 contract: `MemoryQuotaStore` (one replica) and `RedisQuotaStore` (replicas sharing Redis, in
-`policies.quotas_redis`). Both decide with `refusal()` below over the same `Snapshot`, so a 429
+`gateway.state.quotas_redis`). Both decide with `refusal()` below over the same `Snapshot`, so a 429
 reads the same whichever store answered.
 
 Windows are exact sliding logs, not buckets: an admission at time t counts against rpm and tpm
@@ -208,7 +208,7 @@ def _retry(retry_us: int | None, default: float) -> float:
 
 @dataclass(slots=True)
 class _Tenant:
-    """One tenant's usage; mirrors the Redis keys in policies.quotas_redis."""
+    """One tenant's usage; mirrors the Redis keys in gateway.state.quotas_redis."""
 
     # (admitted µs, run), oldest first; NOTE: assumes the clock does not step back
     window: deque[tuple[int, str]] = field(default_factory=deque)

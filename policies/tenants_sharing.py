@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.tenants_fields import Section
-from workers.share import MAX_WEIGHT, TIERS
+from wire.share import MAX_WEIGHT, TIERS
 
 SHARING_FIELDS = ("weight", "tiers", "default_tier", "max_queued")
 DEFAULT_MAX_QUEUED = 256

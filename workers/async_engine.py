@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import structlog
 
-from workers import api
+from wire import api
 from workers.engine import ENGINE_ERROR, Engine
 from workers.engine_outputs import ContextTooLong, EngineStats, InvalidContinuation, RequestOutput
 from workers.request import EngineRequest

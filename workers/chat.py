@@ -19,7 +19,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from workers.output_spec import ToolSpec
+from wire.output_spec import ToolSpec
 from workers.tool_prompt import hermes_messages, template_messages
 
 
@@ -43,7 +43,7 @@ def uses_tools(messages: list[dict[str, Any]], tools: ToolSpec | None) -> bool:
 def render_prompt(
     tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None = None
 ) -> list[int]:
-    """Prompt ids for `messages` (plain-string content; tool fields as workers/generate_body.py
+    """Prompt ids for `messages` (plain-string content; tool fields as wire/generate_body.py
     keeps them). With `tool_choice` none the tools are not shown to the model at all."""
     return _tokens(tokenizer, _render_text(tokenizer, messages, tools, generation_prompt=True))
 

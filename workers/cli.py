@@ -1,6 +1,6 @@
 """`sluice worker`: serve one model over the worker API until SIGTERM/SIGINT.
 
-`add_worker_arguments` and `run_worker` are what gateway/cli.py wires into the `sluice` script;
+`add_worker_arguments` and `run_worker` are what gateway/cli/main.py wires into the `sluice` script;
 `python -m workers.cli` runs the same thing on its own. Every flag also reads `SLUICE_<FLAG>`
 from the environment (flags win).
 """
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 import structlog
 from aiohttp import web
 
+from common.logs import configure_logging as configure_logs
 from workers.app_keys import SERVICE
 from workers.config import DEVICES, DTYPES, WorkerConfig
 from workers.fair_policy import SCHEDULINGS
-from workers.logs import configure_logging as configure_logs
 from workers.server import create_worker_app
 from workers.speculative import MODES
 
@@ -139,7 +139,7 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging() -> None:
-    """The format every sluicegate process logs in (workers/logs.py), at SLUICE_LOG_LEVEL,
+    """The format every sluicegate process logs in (common/logs.py), at SLUICE_LOG_LEVEL,
     unless the embedding program configured structlog already."""
     if not structlog.is_configured():
         configure_logs(os.environ.get("SLUICE_LOG_LEVEL", "info"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wire.limits import MAX_BODY_BYTES, worker_body_limit
 from workers.fair_policy import SCHEDULINGS
 from workers.kv_cache import DEFAULT_KV_CACHE_MEMORY, parse_bytes
-from workers.limits import MAX_BODY_BYTES, worker_body_limit
 from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, MODES
 
 DEVICES = ("auto", "cpu", "cuda")

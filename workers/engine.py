@@ -3,7 +3,7 @@
 Single-threaded by design: only the engine loop's thread calls it (see async_engine.py), so
 aborts recorded between steps take effect at the next step boundary. The scheduler owns the
 queues, the block manager the KV blocks, the model runner the tensors, the live-request table
-(engine_requests.py) the requests until they retire and the lines they report (STYLE: one owner
+(engine_requests.py) the requests until they retire and the lines they report (one owner
 each); the engine decides what happens to them, step by step.
 A request's `n` choices share one prompt prefill: the first sequence computes the prompt, and when
 it samples its first token the others fork from it (full blocks shared, the partial last block
@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 import torch
 
-from workers import api
+from wire import api
 from workers.block_manager import BlockManager, salt_hash
 from workers.continuation import replay
 from workers.detokenizer import IncrementalDetokenizer, TokenTable

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.api import Line
+from wire.api import Line
 
 
 class ContextTooLong(ValueError):

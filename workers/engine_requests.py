@@ -1,6 +1,6 @@
 """The engine's live requests, and the lines each engine call reports about them.
 
-One owner for a request's life inside the engine (STYLE: one owner each): a request enters, its
+One owner for a request's life inside the engine (one owner each): a request enters, its
 sequences end (a `finish` line once the last text is out, the blocks back to the scheduler at
 once), or it fails (one `error` line); once none of its sequences is live it retires (a normal end
 sends `usage`) and its id is free again. The engine decides when; this table keeps the books.
@@ -11,7 +11,7 @@ between calls (a continuation that was already over when it arrived) wait for th
 
 from __future__ import annotations
 
-from workers import api
+from wire import api
 from workers.engine_outputs import RequestOutput
 from workers.request import FINISH_REASON, Request, RequestStatus, SequenceState
 from workers.scheduler import Scheduler

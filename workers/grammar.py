@@ -30,7 +30,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 
-from workers.output_spec import ResponseFormat, Tool, ToolSpec
+from wire.output_spec import ResponseFormat, Tool, ToolSpec
 from workers.tool_parser import CLOSE, OPEN
 
 JSON_OPTIONS: dict[str, Any] = {

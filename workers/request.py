@@ -12,10 +12,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workers import api
+from wire import api
+from wire.sampling_params import SamplingParams
+from wire.share import DEFAULT_SHARE, Share
 from workers.block_manager import NO_HASH
-from workers.sampling_params import SamplingParams
-from workers.share import DEFAULT_SHARE, Share
 from workers.tool_parser import ToolCall
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from wire.sampling_params import SamplingParams
 from workers.detokenizer import TokenTable
 from workers.host_copy import to_device
-from workers.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from workers.grammar import Matcher

@@ -19,12 +19,12 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from workers import api
-from workers.api import BadRequest
+from wire import api
+from wire.api import BadRequest
+from wire.generate_body import parse_generate
 from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
 from workers.async_engine import DuplicateRequest, EngineNotRunning
 from workers.config import WorkerConfig
-from workers.generate_body import parse_generate
 from workers.service import LoadedModel, WorkerService
 
 log = structlog.get_logger("sluice.worker.http")

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from workers import api
-from workers.api import BadRequest
+from wire import api
+from wire.api import BadRequest
+from wire.generate_body import GenerateBody
 from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, render_prompt, shared_prefix_len
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, EngineStats
-from workers.generate_body import GenerateBody
 from workers.metrics import WorkerMetrics
 from workers.model_loader import (
     context_length,

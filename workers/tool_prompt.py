@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.output_spec import ToolSpec
+from wire.output_spec import ToolSpec
 from workers.tool_parser import CLOSE, OPEN
 
 _HERMES_SYSTEM = (

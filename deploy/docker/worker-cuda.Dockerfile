@@ -27,6 +27,8 @@ COPY workers/ workers/
 COPY adapters/ adapters/
 COPY policies/ policies/
 COPY safety/ safety/
+COPY wire/ wire/
+COPY common/ common/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${CUDA_IMAGE}

@@ -31,7 +31,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from testkit.probes import redis_answers, scraped
 
 API_KEY = "sk-sluice-soak"

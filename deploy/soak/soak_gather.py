@@ -16,7 +16,7 @@ import psutil
 import redis
 from soak_cluster import AUTH, Cluster, Gateway, metric, poll
 
-from gateway.ledger import UsageRecord
+from gateway.state.ledger import UsageRecord
 
 TERMINAL = ("completed", "cancelled", "timed_out", "failed")
 GENERATED = "sluice_worker_generated_tokens_total"

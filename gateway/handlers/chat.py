@@ -8,14 +8,14 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 
-from gateway.answers import answer
 from gateway.app_keys import DRAIN, PRINCIPAL, SETTINGS
-from gateway.errors import APIError, invalid_request
-from gateway.follow_access import HEADER, follow_token
-from gateway.http_server import abandon_body
+from gateway.handlers.answers import answer
+from gateway.http.errors import APIError, invalid_request
+from gateway.http.follow_access import HEADER, follow_token
+from gateway.http.server import abandon_body
 from gateway.protocol import parse_chat_request
-from gateway.run_life import RUN_ID_HEADER, RunLife
-from workers.limits import shown
+from gateway.runs.life import RUN_ID_HEADER, RunLife
+from wire.limits import shown
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:

@@ -8,8 +8,8 @@ from importlib import metadata
 import orjson
 from aiohttp import web
 
-from gateway.openapi import openapi_document
-from gateway.openapi_responses import with_responses
+from gateway.openapi.document import openapi_document
+from gateway.openapi.responses import with_responses
 
 
 @functools.cache

@@ -27,7 +27,7 @@ async def readyz(request: web.Request) -> web.Response:
     in-process store always does): `ready` when every model can, `degraded` when only some can
     (the body names them). 503 `unavailable` when none can or the store does not answer, and
     503 `draining` once shutdown began, so a load balancer stops sending here
-    (gateway/drain.py).
+    (gateway/http/drain.py).
 
     NOTE: a replica that can serve nothing is taken out; one that serves some models is not,
     since what fails one model is often shared by every replica (an upstream, a remote worker)

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from adapters.base import ModelInfo
 from gateway.app_keys import CATALOG
-from gateway.errors import model_not_found
+from gateway.http.errors import model_not_found
 
 
 def _model_object(info: ModelInfo) -> dict:

@@ -15,14 +15,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.answers import following
 from gateway.app_keys import DRAIN, METRICS, PRINCIPAL, RUNS
-from gateway.errors import APIError, invalid_request, resume_window_expired, terminal_error
-from gateway.follow_access import HEADER, accepts_follow_token, follow_token
+from gateway.handlers.answers import following
 from gateway.handlers.chat import read_json
 from gateway.handlers.runs import CANCEL_WAIT
+from gateway.http.errors import APIError, invalid_request, resume_window_expired, terminal_error
+from gateway.http.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.protocol import parse_chat_request
-from gateway.replays import idempotent_run_gone
 from gateway.responses.objects import (
     META,
     conversation_of,
@@ -34,9 +33,10 @@ from gateway.responses.objects import (
 )
 from gateway.responses.request import ResponseParams, chat_body, renamed, response_params
 from gateway.responses.stream import last_sequence, stream_response
-from gateway.run_life import RunLife
-from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
-from workers.limits import shown
+from gateway.runs.life import RunLife
+from gateway.runs.replays import idempotent_run_gone
+from gateway.state.run_store import ResumeWindowExpired, RunRecord, UnknownRun
+from wire.limits import shown
 
 
 def _not_found(response_id: str, param: str = "id") -> APIError:

@@ -1,7 +1,7 @@
 """The run endpoints (design §4): retrieve, resume, cancel — each only for the run's tenant.
 
 Another tenant's run id gets the same 404 as an unknown one, so ids cannot be probed. Retrieve
-and resume also take the run's follow token (`?token=`, gateway/follow_access.py) in place of
+and resume also take the run's follow token (`?token=`, gateway/http/follow_access.py) in place of
 a credential; cancel does not.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.answers import stream_run
 from gateway.app_keys import METRICS, PRINCIPAL, RUNS
-from gateway.errors import APIError, invalid_request, resume_window_expired
-from gateway.follow_access import HEADER, accepts_follow_token, follow_token
+from gateway.handlers.answers import stream_run
+from gateway.http.errors import APIError, invalid_request, resume_window_expired
+from gateway.http.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.runs.status import PUBLIC_STATUS
-from gateway.runs.store import ResumeWindowExpired, RunRecord, UnknownRun
+from gateway.state.run_store import ResumeWindowExpired, RunRecord, UnknownRun
 
 CANCEL_WAIT = 10.0  # seconds the cancel call waits for the run's terminal state
 

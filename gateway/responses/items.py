@@ -11,8 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gateway.errors import invalid_request
-from workers.limits import shown
+from gateway.http.errors import invalid_request
+from wire.limits import shown
 
 ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})

@@ -18,7 +18,7 @@ from gateway.responses.render import ResponseRenderer, response_status
 from gateway.responses.request import ResponseParams
 from gateway.runs.manager import RunManager
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
-from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
+from gateway.state.run_store import ResumeWindowExpired, RunRecord, TerminalRecord, UnknownRun
 
 META = "response"  # the run record's meta key for a response's fields
 DELETED = ".deleted"  # the id suffix of a deleted response's tombstone record

@@ -19,7 +19,7 @@ import orjson
 
 from gateway.responses.request import ResponseParams
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
-from gateway.runs.store import TerminalRecord
+from gateway.state.run_store import TerminalRecord
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 TERMINAL_EVENTS = {

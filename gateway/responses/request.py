@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import APIError, invalid_request
+from gateway.http.errors import APIError, invalid_request
 from gateway.protocol import TOOL_CHOICES
 from gateway.responses.items import input_messages
-from workers.limits import shown
+from wire.limits import shown
 
 HONOURED = frozenset(
     {

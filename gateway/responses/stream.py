@@ -1,6 +1,6 @@
 """A response's run as a stream of typed events, from its start or after a `sequence_number`.
 
-The run's log is followed by the same loop as a chat stream (gateway/follow.py: the request
+The run's log is followed by the same loop as a chat stream (gateway/runs/follow.py: the request
 counts as a follower, so the disconnect grace applies, and a background run ignores it); the log
 is read from its start, each batch goes through the response renderer, and what comes after the
 client's `starting_after` is sent. The stream ends with the terminal event, then `data: [DONE]`.
@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.follow import stream_log
 from gateway.responses.objects import renderer_for
 from gateway.responses.render import ResponseRenderer
+from gateway.runs.follow import stream_log
 from gateway.runs.manager import RunManager
-from gateway.runs.store import LogEvents, RunRecord, TerminalRecord
+from gateway.state.run_store import LogEvents, RunRecord, TerminalRecord
 
 
 def numbered(events: list[dict[str, Any]], after: int) -> LogEvents:

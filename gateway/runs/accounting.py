@@ -18,7 +18,7 @@ from adapters.events import Aborted, Event, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
-from gateway.runs.store import TerminalRecord
+from gateway.state.run_store import TerminalRecord
 
 log = structlog.get_logger("sluice.runs")
 

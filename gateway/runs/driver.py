@@ -27,15 +27,15 @@ import structlog
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
 from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
-from gateway.flow_control import Shed, Withdrawn
 from gateway.metrics import GatewayMetrics
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
 from gateway.runs.deadlines import Alarm, next_deadline
 from gateway.runs.endings import STORE_LOST_CAUSE, ending, error_body, refusal, stage_failure
+from gateway.runs.flow_control import Shed, Withdrawn
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import RunStatus
-from gateway.runs.store import Chunk, LogClosed, RunStore, TerminalRecord
+from gateway.state.run_store import Chunk, LogClosed, RunStore, TerminalRecord
 from gateway.tasks import finish_then_reraise
 
 BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed, Shed)

@@ -13,9 +13,9 @@ import orjson
 
 from adapters.base import BackendRejected, BackendUnavailable
 from adapters.events import ErrorEvent, Event
-from gateway.flow_control import Shed
+from gateway.runs.flow_control import Shed
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
-from gateway.runs.store import Chunk, TerminalRecord, log_chunk
+from gateway.state.run_store import Chunk, TerminalRecord, log_chunk
 
 _MESSAGES = {
     "cancelled": "The run was cancelled.",

@@ -26,7 +26,7 @@ from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
 from gateway.runs.stages import build_stages
 from gateway.runs.status import RunStatus
-from gateway.runs.store import (
+from gateway.state.run_store import (
     LogEvents,
     RunRecord,
     RunStore,
@@ -34,7 +34,7 @@ from gateway.runs.store import (
     TerminalRecord,
     UnknownRun,
 )
-from gateway.store_health import StoreHealth, patiently
+from gateway.state.store_health import StoreHealth, patiently
 from gateway.tasks import stop_tasks
 from safety.moderation import ModerationClient
 

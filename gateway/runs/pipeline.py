@@ -15,7 +15,7 @@ from typing import Protocol
 
 from adapters.events import Accepted, Event, Finish, TextDelta, ToolCallDelta, Usage
 from adapters.to_openai import ChunkRenderer, CompletionBuilder
-from gateway.runs.store import Chunk, log_chunk
+from gateway.state.run_store import Chunk, log_chunk
 
 
 class Stage(Protocol):

@@ -12,10 +12,10 @@ from typing import Any
 
 from adapters.base import Adapter
 from adapters.requests import ChatRequest
-from gateway.flow_control import Ticket
 from gateway.runs.deadlines import Deadlines
+from gateway.runs.flow_control import Ticket
 from gateway.runs.status import RunStatus
-from gateway.runs.store import TerminalRecord
+from gateway.state.run_store import TerminalRecord
 from safety.policy import SafetyPolicy
 
 

@@ -33,7 +33,7 @@ from referencing.jsonschema import DRAFT202012, specification_with
 
 from adapters.events import ErrorEvent, Event, Finish, ToolCallDelta
 from adapters.requests import ChatRequest
-from gateway.errors import invalid_request
+from gateway.http.errors import invalid_request
 
 INVALID_TOOL_CALL = "invalid_tool_call"
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what a tool's name may be: safe to repeat

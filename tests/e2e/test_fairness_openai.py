@@ -19,7 +19,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from policies.auth import hash_key
 from tests.support.processes import stop, wait_ready
 from tests.support.serve import local_worker_url, serve_command

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from policies.tenants import create_key
 from tests.support.metrics import scraped
 from tests.support.processes import stop, wait_ready

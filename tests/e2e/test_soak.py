@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ledger import UsageRecord
+from gateway.state.ledger import UsageRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "deploy" / "soak"

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from tests.support.processes import stop, wait_ready
 from tests.support.waiting import until_sync
 from tests.support.worker_process import REPO

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from testkit.scripted_upstream import UpstreamState, make_app
 from tests.support.processes import stop, wait_ready
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tests.support.worker_lines import wire
+from wire.sampling_params import SamplingParams
 from workers.chat import render_prompt
 from workers.engine import Engine
 from workers.fused_layers import fuse_projections
 from workers.model_loader import DEFAULT_MODEL_ID, load_model, resolve_model_path, served_model_id
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.default_model
 

@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 from adapters.events import Aborted, ErrorEvent, Finish, TextDelta, Usage
 from gateway.app import create_app
 from gateway.app_keys import RUNS
-from gateway.ledger import JsonlLedger, RedisLedger, UsageRecord
 from gateway.settings import Settings
+from gateway.state.ledger import JsonlLedger, RedisLedger, UsageRecord
 from policies.tenants import create_key
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, sse_events, stream_text

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.events import Usage
 from adapters.worker_client import WorkerAdapter
-from gateway.ledger import JsonlLedger, UsageRecord
 from gateway.protocol import parse_chat_request
+from gateway.state.ledger import JsonlLedger, UsageRecord
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events
 from tests.support.waiting import until
 from tests.support.worker_process import Worker, running_worker

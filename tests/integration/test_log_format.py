@@ -1,4 +1,4 @@
-"""Every sluicegate process logs in one format (workers/logs.py): a real worker's lines are JSON
+"""Every sluicegate process logs in one format (common/logs.py): a real worker's lines are JSON
 objects of the same shape as the gateway's, library lines included, with no secret in them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import httpx
 import orjson
 import structlog
 
+from common.logs import configure_logging
 from tests.support.worker_process import running_worker
-from workers.logs import configure_logging
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z$")
 

@@ -24,7 +24,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from policies.tenants import create_key
 from tests.support.metric_names import GATEWAY_METRICS, WORKER_METRICS
 from tests.support.metrics import scraped

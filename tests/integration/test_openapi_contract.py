@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from policies.tenants import create_key
 from tests.support.processes import stop, wait_ready
 from tests.support.worker_process import REPO

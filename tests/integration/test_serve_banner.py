@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from tests.support.processes import stop
 
 

@@ -23,7 +23,7 @@ import redis
 from openai import OpenAI
 from openai._streaming import SSEDecoder
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from tests.support.metrics import scraped
 from tests.support.processes import resume_request, stop, wait_ready
 from tests.support.waiting import until_sync
@@ -206,8 +206,8 @@ def test_stream_started_on_a_resumes_on_b(replica_a, replica_b, model):
     assert finishes[-1] == greedy.choices[0].finish_reason
     # Event ids are the log's seq numbers: they start at 1 and only go up, never repeating. A
     # backlog (a resume's replay) has its text chunks merged under the last merged seq
-    # (design §3, gateway/backpressure.py), so ids may skip, but no text may: resuming from any id
-    # seen gives exactly the rest of the answer, from either replica.
+    # (design §3, gateway/http/backpressure.py), so ids may skip, but no text may: resuming from
+    # any id seen gives exactly the rest of the answer, from either replica.
     seqs = [seq for seq, _ in head + tail[:-1]]
     assert seqs[0] == 1 and increasing(seqs)
     seen = ""

@@ -14,7 +14,7 @@ from typing import Any
 import dockerfile
 import yaml
 
-from gateway.cli import build_parser
+from gateway.cli.main import build_parser
 from gateway.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 DOCKER = DEPLOY / "docker"
 # after --shutdown-timeout the drain still cancels the live runs, the streams write their ends
-# and aiohttp closes the connections (its shutdown_timeout, 5 s, in gateway/cli.py): a grace
+# and aiohttp closes the connections (its shutdown_timeout, 5 s, in gateway/cli/main.py): a grace
 # period must cover the timeout plus this
 DRAIN_MARGIN_S = 5
 # image name -> its Dockerfile (the names the compose file, the manifests and the README use)

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from tests.support.worker_lines import wire
+from wire.sampling_params import SamplingParams
 from workers.engine import Engine
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 PROMPTS = ["你好世界今天", "def add(a: int, b: int)", "Ça va très bien, merci ! Où", "🚀 🌍"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from tests.support.processes import stop
 from tests.support.waiting import until_sync
 from tests.support.worker_process import REPO

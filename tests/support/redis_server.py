@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gateway.local_worker import free_port
+from gateway.backends.local_worker import free_port
 from testkit.probes import redis_answers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from workers.api import Line
+from wire.api import Line
 
 
 def wire(lines: Iterable[Line]) -> list[dict[str, Any]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from testkit.tiny_model import build_tiny_tokenizer
+from wire.output_spec import parse_tools
 from workers.chat import ChatTemplateError, render_prompt, shared_prefix_len
-from workers.output_spec import parse_tools
 
 
 @pytest.fixture(scope="module")

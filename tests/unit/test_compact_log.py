@@ -7,10 +7,10 @@ import gc
 
 import pytest
 
-from gateway.runs.compact_log import CompactLog
 from gateway.runs.status import RunStatus
-from gateway.runs.store import ResumeWindowExpired, RunRecord, TerminalRecord, log_chunk
-from gateway.runs.store_memory import MemoryRunStore
+from gateway.state.compact_log import CompactLog
+from gateway.state.run_store import ResumeWindowExpired, RunRecord, TerminalRecord, log_chunk
+from gateway.state.run_store_memory import MemoryRunStore
 
 ENDING = TerminalRecord(RunStatus.COMPLETED, "completed", "stop")
 

@@ -64,7 +64,7 @@ def test_lists_and_ranges_name_every_number():
     assert cited("lapses (design §2-§4).") == [2, 3, 4]
     assert cited("design §2-§4, §7 and §9") == [2, 3, 4, 7, 9]
     assert cited(f"design §5{EN_DASH}§6, and §1") == [5, 6, 1]
-    assert cited("(design §3, gateway/backpressure.py)") == [3]
+    assert cited("(design §3, gateway/http/backpressure.py)") == [3]
     assert cited("the design\n    # §12, §13 here") == [12, 13]
     assert cited("docs/design.md §8") == [8]
     assert cited("RFC 7518 §3.2; design.md's sections") == []
@@ -81,7 +81,7 @@ def test_every_reference_resolves():
     known = sections()
     refs = references()
     assert len(refs) > 20  # the code does point here
-    assert {"safety/window.py", "gateway/backends.py"} <= {path for path, _ in refs}
+    assert {"safety/window.py", "gateway/backends/from_settings.py"} <= {path for path, _ in refs}
     assert [r for r in refs if r[1] not in known] == []
 
 

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testkit.tiny_model import IM_END, IM_START, build_tiny_tokenizer
+from wire.sampling_params import SamplingParams
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.request import RequestStatus, SequenceState
-from workers.sampling_params import SamplingParams
 from workers.stop import StopContext, StopStringHoldback, check_stop
 
 # [e4 bd] [a0] = 你, [e5] [a5 bd] = 好, then E N D; id 7 is a special token (no text).

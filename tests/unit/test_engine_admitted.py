@@ -7,9 +7,9 @@ from collections import defaultdict
 from typing import Any
 
 from tests.support.worker_lines import wire
+from wire.sampling_params import SamplingParams
 from workers.engine import Engine
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 ADMITTED = {"type": "admitted"}
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.support.waiting import until
+from wire.sampling_params import SamplingParams
 from workers.async_engine import AsyncEngine, DuplicateRequest
 from workers.engine import Engine
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 
 @pytest.fixture

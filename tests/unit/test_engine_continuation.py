@@ -19,12 +19,12 @@ import jsonschema
 import pytest
 
 from tests.support.worker_lines import wire
+from wire.output_spec import ResponseFormat, parse_tools
+from wire.sampling_params import SamplingParams
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, InvalidContinuation
 from workers.grammar import CompiledGrammar, GrammarCompiler, grammar_source
-from workers.output_spec import ResponseFormat, parse_tools
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 from workers.stop import StopStringHoldback
 
 PROMPT = "你好世界"

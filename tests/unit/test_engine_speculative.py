@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from tests.support.worker_lines import wire
+from wire.sampling_params import SamplingParams
 from workers.engine import Engine
 from workers.model_loader import load_model
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 PROMPTS = ["你好世界", "Hello world", "def add(a, b):", "Ça va très bien", "🚀 emoji"]
 SPEC_TOKENS = 4

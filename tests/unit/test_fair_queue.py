@@ -1,13 +1,13 @@
 """The gateway's fair queue (policies/fair_queue.py): tier bands, weighted fair queuing over
 tokens, corrections by what a run really used, and no credit banked while idle, in exact
-orders; and its flow control (gateway/flow_control.py) on a fake clock."""
+orders; and its flow control (gateway/runs/flow_control.py) on a fake clock."""
 
 from __future__ import annotations
 
-from gateway.flow_control import FlowControl
 from gateway.metrics import GatewayMetrics
+from gateway.runs.flow_control import FlowControl
 from policies.fair_queue import FairQueue, Waiting
-from workers.share import Share
+from wire.share import Share
 
 
 def waiting(key: str, tenant: str, cost: float = 100, weight: float = 1.0, tier="default"):

@@ -4,11 +4,11 @@ and tenant, who yields to whom and why, the once-per-sequence bound, and arrival
 
 from __future__ import annotations
 
+from wire.sampling_params import SamplingParams
+from wire.share import Share
 from workers.block_manager import BlockManager
 from workers.request import RequestStatus, SequenceState
-from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
-from workers.share import Share
 
 
 def make_seq(

@@ -5,7 +5,7 @@ routes), and how a finished stream ends for a browser (a `retry:` hint, then 204
 from __future__ import annotations
 
 from gateway.app_keys import FOLLOW_TOKENS
-from gateway.follow_tokens import FollowTokens
+from gateway.http.follow_tokens import FollowTokens
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, add_tenant, chat_body, gateway_app, sse_events, stream_text
 

@@ -3,7 +3,7 @@ clock, never a wait)."""
 
 from __future__ import annotations
 
-from gateway.follow_tokens import FollowTokens
+from gateway.http.follow_tokens import FollowTokens
 
 SECRET = b"s" * 32
 

@@ -12,8 +12,8 @@ import itertools
 
 import pytest
 
-from gateway.runs.store import RunRecord
-from gateway.runs.store_redis import RedisRunStore
+from gateway.state.run_store import RunRecord
+from gateway.state.run_store_redis import RedisRunStore
 from tests.unit.test_run_store import redis_space, store  # noqa: F401 (fixtures)
 
 MOVES = ((1, -1), (-1, 1), (1, 1, -1, -1, -1), (-1, 1, 1, -1))

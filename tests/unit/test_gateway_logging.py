@@ -10,8 +10,8 @@ import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.logs import configure_logging, redact_secrets
 from gateway.metrics import LoopHistogram
-from workers.logs import configure_logging, redact_secrets
 
 
 def test_secret_fields_and_embedded_keys_are_redacted():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from testkit.tiny_model import IM_END, build_tiny_tokenizer
+from wire.output_spec import ResponseFormat, Tool, parse_tools
 from workers.grammar import (
     GrammarCompiler,
     GrammarError,
@@ -17,7 +18,6 @@ from workers.grammar import (
     tool_call_lark,
 )
 from workers.grammar_mask import GrammarMasks, byte_table, mask_bias
-from workers.output_spec import ResponseFormat, Tool, parse_tools
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 

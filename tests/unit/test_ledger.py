@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from gateway.ledger import JsonlLedger, RedisLedger, UsageRecord, totals
-from gateway.usage_cli import COLUMNS, format_table, parse_since
+from gateway.cli.usage import COLUMNS, format_table, parse_since
+from gateway.state.ledger import JsonlLedger, RedisLedger, UsageRecord, totals
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ from collections import defaultdict
 import torch
 
 from tests.support.worker_lines import wire
+from wire.sampling_params import SamplingParams
 from workers.engine import Engine
 from workers.model_runner import ModelRunner
 from workers.request import EngineRequest
-from workers.sampling_params import SamplingParams
 
 WORDS = ["你好", "world", "café", "🚀", "def f(x):", "naïve", "über", "数据", "ok", "straße"]
 

@@ -12,7 +12,7 @@ from adapters.base import BackendRejected, BackendUnavailable
 from adapters.events import Event, Finish, TextDelta
 from adapters.pool import PoolAdapter
 from adapters.requests import ChatRequest, Message
-from gateway.pool_metrics import PoolCollector
+from gateway.backends.pool_metrics import PoolCollector
 from tests.support.metric_names import MEMBER_METRICS
 from tests.support.waiting import until
 

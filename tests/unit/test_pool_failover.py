@@ -12,7 +12,7 @@ from adapters.events import Accepted, Admitted, ErrorEvent, Event, Finish, TextD
 from adapters.pool import PoolAdapter
 from adapters.pool_members import EVICT_AFTER_PROBES
 from adapters.requests import ChatRequest, Message
-from gateway.pool_metrics import PoolCollector
+from gateway.backends.pool_metrics import PoolCollector
 from tests.support.waiting import until
 
 TOKENS = list(range(100, 120))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import APIError
+from gateway.http.errors import APIError
 from gateway.protocol import parse_chat_request
 
 USER = [{"role": "user", "content": "Hi"}]

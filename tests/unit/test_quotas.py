@@ -12,6 +12,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
+from gateway.state.quotas_redis import RedisQuotaStore
 from policies.quotas import (
     LIVE_TTL,
     MemoryQuotaStore,
@@ -21,7 +22,6 @@ from policies.quotas import (
     estimate_prompt_tokens,
     openai_duration,
 )
-from policies.quotas_redis import RedisQuotaStore
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # 20 s before a minute boundary and 1,200 s into an hour-long budget period

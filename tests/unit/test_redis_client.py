@@ -12,10 +12,10 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
-from gateway import redis_client
-from gateway.local_worker import free_port
-from gateway.redis_client import SharedRedis
-from gateway.runs.store import StoreUnavailable
+from gateway.backends.local_worker import free_port
+from gateway.state import redis_client
+from gateway.state.redis_client import SharedRedis
+from gateway.state.run_store import StoreUnavailable
 from tests.support.redis_server import PrivateRedis
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

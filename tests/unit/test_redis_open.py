@@ -9,13 +9,13 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from gateway.redis_open import KeyClaim, RedisOpener
-from gateway.runs.store import RunRecord, UnknownRun
-from gateway.runs.store_mirrored import MirroredRunStore
-from gateway.runs.store_redis import RedisRunStore
+from gateway.state.quotas_redis import RedisQuotaStore
+from gateway.state.redis_open import KeyClaim, RedisOpener
+from gateway.state.run_store import RunRecord, UnknownRun
+from gateway.state.run_store_mirrored import MirroredRunStore
+from gateway.state.run_store_redis import RedisRunStore
 from policies.idempotency import RedisIdempotencyStore
 from policies.quotas import QuotaExceeded, QuotaLimits, QuotaRequest
-from policies.quotas_redis import RedisQuotaStore
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ONE_AT_A_TIME = QuotaLimits(rpm=10, max_concurrent=1)

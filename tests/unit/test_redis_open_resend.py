@@ -1,5 +1,6 @@
 """An opening whose reply is lost with its connection: the gateway's client sends it again on a
-fresh connection (gateway/redis_client.py), and the script had already run. The resend must get
+fresh connection
+(gateway/state/redis_client.py), and the script had already run. The resend must get
 the first answer back, not claim, admit and count the tenant's request a second time."""
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from urllib.parse import urlparse
 
 import pytest
 
-from gateway.redis_client import SharedRedis
-from gateway.redis_open import OPEN, KeyClaim, RedisOpener
-from gateway.runs.store import RunRecord
-from gateway.runs.store_mirrored import MirroredRunStore
-from gateway.runs.store_redis import RedisRunStore
+from gateway.state.quotas_redis import ADMIT, RedisQuotaStore
+from gateway.state.redis_client import SharedRedis
+from gateway.state.redis_open import OPEN, KeyClaim, RedisOpener
+from gateway.state.run_store import RunRecord
+from gateway.state.run_store_mirrored import MirroredRunStore
+from gateway.state.run_store_redis import RedisRunStore
 from policies.idempotency import RedisIdempotencyStore
 from policies.quotas import QuotaExceeded, QuotaLimits, QuotaRequest
-from policies.quotas_redis import ADMIT, RedisQuotaStore
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TWO_AT_A_TIME = QuotaLimits(rpm=10, max_concurrent=2)

@@ -13,15 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import BackendFailed, BackendRejected
 from adapters.events import Admitted, ErrorEvent, Event, Finish, TextDelta, Usage
 from adapters.requests import ChatRequest, Message
-from gateway.errors import terminal_error
+from gateway.http.errors import terminal_error
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
 from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
-from gateway.runs.store import RunRecord, TerminalRecord
-from gateway.runs.store_memory import MemoryRunStore
+from gateway.state.run_store import RunRecord, TerminalRecord
+from gateway.state.run_store_memory import MemoryRunStore
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 

@@ -9,8 +9,8 @@ from adapters.requests import ChatRequest, Message
 from gateway.runs.manager import RunManager, new_run_id
 from gateway.runs.spec import RunSpec
 from gateway.runs.status import RunStatus
-from gateway.runs.store import ResumeWindowExpired
-from gateway.runs.store_memory import MemoryRunStore
+from gateway.state.run_store import ResumeWindowExpired
+from gateway.state.run_store_memory import MemoryRunStore
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 PIECES = [f"{i}:你好 " for i in range(30)]

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.runs.status import RunStatus
-from gateway.runs.store import (
+from gateway.state.run_store import (
     Chunk,
     LogClosed,
     ResumeWindowExpired,
@@ -20,9 +20,9 @@ from gateway.runs.store import (
     UnknownRun,
     log_chunk,
 )
-from gateway.runs.store_memory import MemoryRunStore
-from gateway.runs.store_mirrored import MirroredRunStore
-from gateway.runs.store_redis import RedisRunStore
+from gateway.state.run_store_memory import MemoryRunStore
+from gateway.state.run_store_mirrored import MirroredRunStore
+from gateway.state.run_store_redis import RedisRunStore
 from tests.support.redis_server import PrivateRedis
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

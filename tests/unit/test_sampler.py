@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from wire.sampling_params import SamplingParams
 from workers.detokenizer import TokenTable
 from workers.sampler import MASKED_LOGPROB, Sampler, apply_penalties
-from workers.sampling_params import SamplingParams
 
 VOCAB = 50
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.sampling_params import InvalidParam, SamplingParams
+from wire.sampling_params import InvalidParam, SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from wire.sampling_params import SamplingParams
 from workers.block_manager import BlockManager
 from workers.request import RequestStatus, SequenceState
-from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
 
 

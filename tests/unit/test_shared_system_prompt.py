@@ -9,7 +9,7 @@ import pytest
 from adapters.openai_upstream import upstream_body
 from adapters.requests import ChatRequest, Message
 from adapters.worker_client import generate_request
-from gateway.run_life import opens_with_shared_prompt
+from gateway.runs.life import opens_with_shared_prompt
 
 DECLARED = "You are Acme's assistant. Answer briefly."
 SHARED = frozenset({DECLARED, "Another declared prompt."})

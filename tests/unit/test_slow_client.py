@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
 from adapters.to_openai import ChunkRenderer
 from gateway.app_keys import RUNS
-from gateway.backpressure import COALESCE_AT, coalesce
+from gateway.http.backpressure import COALESCE_AT, coalesce
+from gateway.http.sse import SlowClient, SSEWriter
 from gateway.runs.endings import ending
 from gateway.runs.status import RunStatus
-from gateway.runs.store import Chunk, ResumeWindowExpired, log_chunk
-from gateway.sse import SlowClient, SSEWriter
+from gateway.state.run_store import Chunk, ResumeWindowExpired, log_chunk
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import (
     API_KEY,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from wire.sampling_params import SamplingParams
 from workers.block_manager import BlockManager
 from workers.request import SequenceState
-from workers.sampling_params import SamplingParams
 from workers.scheduler import Scheduler
 from workers.speculative import (
     MAX_SPECULATING_DECODES,

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 from openai._streaming import SSEDecoder
 
-from gateway.sse import SSEWriter
+from gateway.http.sse import SSEWriter
 
 
 def writer_app(script) -> web.Application:

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.api import TextLine
+from wire.api import TextLine
+from wire.sampling_params import SamplingParams
 from workers.detokenizer import IncrementalDetokenizer
 from workers.request import RequestStatus, SequenceState
-from workers.sampling_params import SamplingParams
 from workers.stop import StopContext, StopStringHoldback, check_stop
 
 

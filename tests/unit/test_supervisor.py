@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.backend_health import BackendHealth
-from gateway.metrics import GatewayMetrics
-from gateway.supervisor import (
+from gateway.backends.health import BackendHealth
+from gateway.backends.supervisor import (
     CRASH_LOOP_EXITS,
     MAX_BACKOFF,
     STABLE_AFTER,
@@ -15,6 +14,7 @@ from gateway.supervisor import (
     Supervisor,
     exit_reason,
 )
+from gateway.metrics import GatewayMetrics
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 
 

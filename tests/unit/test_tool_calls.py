@@ -6,7 +6,7 @@ import pytest
 
 from adapters.events import ErrorEvent, Event, Finish, TextDelta, ToolCallDelta, Usage
 from adapters.requests import ChatRequest, Message
-from gateway.errors import APIError
+from gateway.http.errors import APIError
 from gateway.runs.tool_calls import INVALID_TOOL_CALL, check_tool_parameters, tool_call_stage
 
 WEATHER = {

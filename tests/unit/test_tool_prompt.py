@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from testkit.tiny_model import build_tiny_tokenizer
+from wire.output_spec import parse_tools
 from workers.chat import render_prompt
-from workers.output_spec import parse_tools
 from workers.tool_parser import ToolCallParser
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -15,9 +15,9 @@ from adapters.requests import ChatRequest, Message
 from adapters.to_openai import CompletionBuilder
 from adapters.worker_client import WorkerAdapter, generate_request, to_event
 from tests.support.waiting import until
-from workers import api
+from wire import api
+from wire.generate_body import parse_generate
 from workers.config import WorkerConfig
-from workers.generate_body import parse_generate
 from workers.server import create_worker_app
 
 PARAMS = {

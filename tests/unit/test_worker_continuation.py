@@ -11,9 +11,9 @@ from adapters.events import TextDelta, ToolCallDelta
 from adapters.requests import ChatRequest, Message
 from adapters.worker_client import generate_request, to_event
 from tests.support.worker_app import started_worker_app
-from workers import api
-from workers.api import BadRequest
-from workers.generate_body import MAX_CONTINUATION, parse_generate
+from wire import api
+from wire.api import BadRequest
+from wire.generate_body import MAX_CONTINUATION, parse_generate
 
 HI = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

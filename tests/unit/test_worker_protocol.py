@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.api import BadRequest
-from workers.generate_body import GenerateRequest, parse_generate
-from workers.sampling_params import SamplingParams
-from workers.share import Share
+from wire.api import BadRequest
+from wire.generate_body import GenerateRequest, parse_generate
+from wire.sampling_params import SamplingParams
+from wire.share import Share
 
 
 def body(**overrides) -> dict:

@@ -1,0 +1,194 @@
+"""The one SSE writer every stream goes through.
+
+Framing (design §3): a `retry:` hint first, then `id: <seq>` and `data: <json>` and a blank line
+per event, where `seq` is the event's number in the run's log (so `Last-Event-ID` resumes
+exactly); `: ping` comment lines while idle; the stream always ends with `data: [DONE]`. Frames
+produced together are written in one call. The writer also times how long writes wait on the
+client (a slow reader fills the socket buffer and `write` blocks): that time is the client's, not
+generation's, and past `write_timeout` the client counts as gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import orjson
+from aiohttp import web
+
+from gateway.state.run_store import LogEvents
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",
+}
+# NOTE: a heartbeat is one comment line with no blank line after it. A blank line ends an event,
+# and the openai SDK's decoder (keeping the last `id:` as the spec says) would then hand the
+# caller an event with empty data, which it fails to parse as JSON. The comment line still keeps
+# proxies from timing the stream out, and is ignored inside the next event.
+PING = b": ping\n"
+# The reconnection delay a browser's EventSource waits after a dropped stream. Like a ping, one
+# line with no blank line after it, at the start of every stream: decoders apply it at once
+# (WHATWG) or keep it for the first event (the openai SDK), and neither sees an event of its own.
+RETRY_MS = 1000
+RETRY = b"retry: %d\n" % RETRY_MS
+DONE = b"data: [DONE]\n\n"
+_BLOCKED = 0.001  # a write that took longer than this waited on the client
+
+
+class SlowClient(ConnectionError):
+    """The client took no bytes for longer than the write timeout."""
+
+
+class _HeadersWithFirstWrite(web.StreamResponse):
+    """A stream response whose headers wait for its first write (aiohttp's switch for responses
+    with a body ready), so headers and the first frames leave in one write."""
+
+    _send_headers_immediately = False
+
+
+class SSEWriter:
+    """Writes framed events to one prepared `StreamResponse`, with heartbeats while idle."""
+
+    __slots__ = (
+        "_heartbeat",
+        "_last_write",
+        "_ping_interval",
+        "_response",
+        "_transport",
+        "_write_timeout",
+        "behind",
+        "blocked",
+        "last_seq",
+    )
+
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        ping_interval: float = 15.0,
+        write_timeout: float | None = None,
+        transport: asyncio.Transport | None = None,
+    ) -> None:
+        self._response = response
+        self._transport = transport
+        self._ping_interval = ping_interval
+        self._write_timeout = write_timeout
+        self._last_write = time.monotonic()
+        # a timer while waiting, a task only while a ping is being written
+        self._heartbeat: asyncio.TimerHandle | asyncio.Task[None] | None = None
+        self.blocked = 0.0  # seconds writes spent waiting for the client
+        self.behind = False  # the last write waited for the client: it is not keeping up
+        self.last_seq = 0
+
+    @classmethod
+    async def open(
+        cls,
+        request: web.Request,
+        ping_interval: float = 15.0,
+        headers: dict[str, str] | None = None,
+        first: LogEvents | None = None,
+        write_timeout: float | None = None,
+    ) -> SSEWriter:
+        """Start the stream; `first` events are framed into the same write as the headers."""
+        response_class = _HeadersWithFirstWrite if first else web.StreamResponse
+        response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        await response.prepare(request)
+        writer = cls(response, ping_interval, write_timeout, request.transport)
+        await writer.send(first or [], preamble=RETRY)
+        if ping_interval > 0:
+            writer._wait_for_idle(ping_interval)
+        return writer
+
+    @property
+    def response(self) -> web.StreamResponse:
+        return self._response
+
+    async def send(self, events: LogEvents, preamble: bytes = b"") -> None:
+        """Frame each (seq, chunk) event and write them all at once, after `preamble`."""
+        if len(events) == 1:  # a live stream's usual write: one event, framed directly
+            seq, payload = events[0][0], events[0][1]
+            self.last_seq = seq
+            await self._write(preamble + b"id: %d\ndata: %b\n\n" % (seq, payload))
+            return
+        if events:
+            self.last_seq = events[-1][0]
+        frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]
+        if preamble or frames:
+            await self._write(preamble + b"".join(frames))
+
+    async def send_error(self, error: dict) -> None:
+        """An error that is not an event of the run (it gets no id)."""
+        await self._write(b"data: %b\n\n" % orjson.dumps({"error": error}))
+
+    async def close(self) -> None:
+        """Write `[DONE]` and end the response; safe to call on a broken connection."""
+        self._stop_heartbeat()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._response.write_eof(DONE)  # one write: last frame and end of body
+
+    def abandon(self) -> None:
+        """Stop heartbeats without writing: the client is gone."""
+        self._stop_heartbeat()
+
+    async def _write(self, body: bytes) -> None:
+        began = self._last_write = time.monotonic()
+        transport = self._transport
+        # NOTE: a write can only block while asyncio has paused the writer. It pauses past the
+        # high-water mark but resumes only at the low-water mark, so a buffer between the two
+        # may still be paused: only at or under the low mark can the timeout's timer (pure cost
+        # on every frame of a healthy stream) be skipped.
+        if (
+            self._write_timeout is None
+            or transport is None
+            or transport.get_write_buffer_size() + len(body)
+            <= transport.get_write_buffer_limits()[0]
+        ):
+            await self._response.write(body)
+        else:
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    await self._response.write(body)
+            except TimeoutError:
+                self.blocked += time.monotonic() - began  # the wait that gave up counts too
+                raise SlowClient from None
+        took = time.monotonic() - began
+        if took > _BLOCKED:
+            self.blocked += took
+        # NOTE: behind means bytes are still queued for this client after the write: its socket
+        # took less than we sent. A write that merely took long (the loop was busy, the process
+        # descheduled on a loaded machine) says nothing about the client, and must not make its
+        # chunks merge.
+        if transport is None:
+            self.behind = took > _BLOCKED
+        else:
+            self.behind = transport.get_write_buffer_size() > 0
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    # NOTE: the heartbeat is a timer, not a task per stream: streams are many and pings rare. The
+    # timer re-arms itself for the rest of the interval after any write, and only when a stream
+    # has really been idle does it start a task to write the ping. A ping is one whole write, so
+    # it can never split an event frame.
+    def _wait_for_idle(self, delay: float) -> None:
+        self._heartbeat = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        idle = time.monotonic() - self._last_write
+        if idle < self._ping_interval:
+            self._wait_for_idle(self._ping_interval - idle)
+        else:
+            self._heartbeat = asyncio.ensure_future(self._ping())
+
+    async def _ping(self) -> None:
+        try:
+            await self._write(PING)
+        except (ConnectionError, RuntimeError):
+            self._heartbeat = None
+            return
+        self._wait_for_idle(self._ping_interval)

@@ -1,0 +1,130 @@
+"""Which backend serves a chat request for its tenant, and what its quota reserves.
+
+The checks a request passes before anything is claimed or reserved (model known, the tenant
+allowed it, the max_tokens cap, a parameter the backend cannot honour, a backend ready), and the
+quota reservation itself; refusals are the APIErrors the client gets.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.base import Adapter
+from adapters.requests import ChatRequest
+from gateway.app_keys import CATALOG, HEALTH, METRICS, MODEL_LABEL, QUOTAS, SETTINGS
+from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
+from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
+from policies.quotas import estimate_prompt_tokens as estimate
+from policies.tenants import Tenant, TenantLimits
+from wire.share import Share
+
+
+def quota_limits(limits: TenantLimits) -> QuotaLimits:
+    return QuotaLimits(
+        rpm=limits.rpm,
+        tpm=limits.tpm,
+        max_concurrent=limits.max_concurrent,
+        budget_tokens=limits.budget_tokens,
+        budget_period=limits.budget_period,
+    )
+
+
+def backend_for(request: web.Request, tenant: Tenant, chat: ChatRequest, body: dict) -> Adapter:
+    """The adapter that serves this request, after the tenant's and the backend's checks.
+    `body` is the request as sent (to name the field a cap refers to)."""
+    app = request.app
+    adapter = app[CATALOG].lookup(chat.model)
+    if adapter is None:
+        request[MODEL_LABEL] = "unknown"
+        raise model_not_found(chat.model)
+    request[MODEL_LABEL] = chat.model
+    if not tenant.allows_model(chat.model):
+        app[METRICS].quota_rejections.labels("model").inc()
+        raise APIError(
+            403,
+            f"Your key has no access to model '{chat.model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
+    named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
+    cap_max_tokens(tenant, chat, named or "max_tokens")
+    chat.share = share_for(tenant, chat.service_tier)
+    param = adapter.unsupported_param(chat)
+    if param is not None:
+        raise invalid_request(
+            param,
+            f"'{param}' is not supported by model '{chat.model}'.",
+            code="unsupported_parameter",
+        )
+    if not app[HEALTH].ready(adapter):
+        raise overloaded(f"No backend for model '{chat.model}' is ready; retry shortly.")
+    return adapter
+
+
+def share_for(tenant: Tenant, asked: str | None) -> Share:
+    """The tenant's share for a request that asked for `service_tier` `asked` (None or `auto`:
+    the tenant's default tier); a tier the tenant may not use is a 400 naming the field."""
+    sharing = tenant.sharing
+    tier = sharing.default_tier if asked in (None, "auto") else asked
+    if tier not in sharing.tiers:
+        allowed = ", ".join(f"'{t}'" for t in ("auto", *sharing.tiers))
+        raise invalid_request(
+            "service_tier",
+            f"Your key may not use service_tier '{tier}'; it may use {allowed}.",
+            code="service_tier_not_allowed",
+        )
+    return Share(tenant.digest, sharing.weight, tier)
+
+
+def cap_max_tokens(tenant: Tenant, chat: ChatRequest, param: str = "max_tokens") -> None:
+    """The tenant's cap is the default when the request names none, and a limit when it does;
+    `param` is the field the request used (`max_tokens` or `max_completion_tokens`)."""
+    cap = tenant.limits.max_tokens
+    if cap is None:
+        return
+    if chat.max_tokens is None:
+        chat.max_tokens = cap
+    elif chat.max_tokens > cap:
+        raise invalid_request(
+            param,
+            f"{param} is {chat.max_tokens}, above your key's limit of {cap}.",
+            code="max_tokens_exceeded",
+        )
+
+
+def prompt_estimate(chat: ChatRequest) -> int:
+    return estimate([(m.role, m.content or "") for m in chat.messages])
+
+
+async def reserve(
+    app: web.Application, tenant: Tenant, chat: ChatRequest, run_id: str
+) -> tuple[Admission | None, dict[str, str]]:
+    """Reserve the run against the tenant's limits: the admission (None: the tenant has none)
+    and the rate-limit headers for the answer; a 429 says which limit refused it."""
+    request = quota_request(app, tenant, chat, run_id)
+    if request is None:
+        return None, {}
+    try:
+        admission = await app[QUOTAS].admit(request)
+    except QuotaExceeded as exc:
+        raise refused(app, exc) from None
+    return admission, admission.headers
+
+
+def quota_request(
+    app: web.Application, tenant: Tenant, chat: ChatRequest, run_id: str
+) -> QuotaRequest | None:
+    """What the run reserves against its tenant's limits; None when the tenant has none."""
+    limits = quota_limits(tenant.limits)
+    if limits == QuotaLimits():
+        return None
+    max_tokens = chat.max_tokens or app[SETTINGS].default_max_tokens
+    tokens = prompt_estimate(chat) + max_tokens * chat.n
+    return QuotaRequest(tenant.name, run_id, tokens, limits)
+
+
+def refused(app: web.Application, exc: QuotaExceeded) -> APIError:
+    """The 429 for a refused admission, counted by the limit that refused it."""
+    app[METRICS].quota_rejections.labels(exc.limit).inc()
+    kind = "insufficient_quota" if exc.code == "insufficient_quota" else exc.limit
+    return APIError(429, exc.message, type=kind, code=exc.code, headers=exc.headers)

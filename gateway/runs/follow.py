@@ -1,0 +1,218 @@
+"""The one follow loop behind every stream of a run: chat chunks and Responses events alike.
+
+A stream counts as one of the run's followers while it reads (so a dropped connection starts the
+run's disconnect grace window instead of stopping it), waits for the run's first events up to
+one heartbeat interval, opens the SSE writer with them, then relays the log until it ends. What
+the events become on the wire is the `Frames`' business: the loop knows nothing of either
+protocol. A disconnect, a slow client and a lost store are counted and ended here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+
+from gateway.app_keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
+from gateway.http.errors import internal_error, terminal_error
+from gateway.http.sse import SlowClient, SSEWriter
+from gateway.runs.endings import store_unavailable_error
+from gateway.runs.manager import RunManager
+from gateway.state.run_store import (
+    LogEvents,
+    ResumeWindowExpired,
+    RunRecord,
+    StoreUnavailable,
+    TerminalRecord,
+    UnknownRun,
+)
+
+log = structlog.get_logger("sluice.streaming")
+FOLLOW_BATCH = 512  # most events read from the log at once
+
+
+class Frames(Protocol):
+    """What one kind of stream sends for a run's log: (id, payload, …) events for the writer."""
+
+    start: int  # the log's seq to read after
+    wants_ending: bool  # the stream ends with events made from the run's terminal record
+
+    def first(self, events: LogEvents) -> LogEvents:
+        """The events of the stream's first write (with the log's first read, maybe empty)."""
+
+    def batch(self, events: LogEvents, behind: bool) -> LogEvents:
+        """The events for one read of the log; `behind`: the client's last write waited."""
+
+    def ending(self, terminal: TerminalRecord) -> LogEvents:
+        """The events that end the stream of a run that ended so."""
+
+
+@contextlib.asynccontextmanager
+async def following(runs: RunManager, run_id: str) -> AsyncIterator[None]:
+    """Count this request as a follower of the run while inside, however it leaves."""
+    attach = asyncio.ensure_future(runs.attach(run_id))
+    try:
+        await asyncio.shield(attach)
+        yield
+    finally:
+        await asyncio.shield(_detach_after(runs, attach, run_id))
+
+
+async def _detach_after(runs: RunManager, attach: asyncio.Future[None], run_id: str) -> None:
+    with contextlib.suppress(Exception):
+        await attach
+    # NOTE: a count this replica cannot write now is corrected by its next write for the run
+    # (each replica's count is absolute); the stream must end cleanly all the same.
+    with contextlib.suppress(StoreUnavailable, UnknownRun):
+        await runs.detach(run_id)
+
+
+async def stream_log(
+    request: web.Request,
+    record: RunRecord,
+    frames: Frames,
+    headers: dict[str, str] | None = None,
+    *,
+    resume: bool = False,
+    answer_refusal: bool = True,
+) -> web.StreamResponse:
+    """The run's log as SSE, through `frames`. A `resume` raises ResumeWindowExpired (before
+    anything is sent) when the log no longer holds what it asks for; with `answer_refusal`, a
+    run refused before any event is answered with its HTTP error instead of a stream."""
+    metrics = request.app[METRICS]
+    begun: list[SSEWriter] = []  # the stream's writer, once its headers are out
+    try:
+        await _follow(request, record, frames, headers, resume, answer_refusal, begun)
+    except SlowClient:
+        metrics.slow_clients.inc()
+        metrics.disconnects.inc()
+        if request.transport is not None:
+            request.transport.abort()  # the grace window now applies, as to any disconnect
+    except ConnectionError:
+        # the client went away while a frame was being written: an expected disconnect (the
+        # grace window applies), not a server error to log with its traceback
+        metrics.disconnects.inc()
+    except asyncio.CancelledError:
+        metrics.disconnects.inc()
+        raise
+    finally:
+        if begun:
+            begun[0].abandon()
+    return begun[0].response if begun else web.Response(status=499)
+
+
+async def _follow(
+    request: web.Request,
+    record: RunRecord,
+    frames: Frames,
+    headers: dict[str, str] | None,
+    resume: bool,
+    answer_refusal: bool,
+    begun: list[SSEWriter],
+) -> None:
+    app = request.app
+    runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
+    run_id = record.run_id
+    async with (
+        following(runs, run_id),
+        contextlib.aclosing(runs.follow(run_id, frames.start, FOLLOW_BATCH)) as events,
+    ):
+        # NOTE: the answer waits for the run's first events (so that a run refused before any,
+        # a 400 from the worker say, is still a plain HTTP error), but only up to one heartbeat
+        # interval: a run stuck in a queue gets its headers and pings meanwhile.
+        first_read = asyncio.ensure_future(anext(events, None))
+        try:
+            first, outran = await _first_events(first_read, settings.ping_interval, resume)
+            if answer_refusal and first is None and not outran and first_read.done():
+                terminal = (await runs.get(run_id)).terminal
+                if terminal is not None and terminal.refused:
+                    raise terminal_error(terminal)
+            writer = await SSEWriter.open(
+                request,
+                settings.ping_interval,
+                headers,
+                first=None if outran else frames.first(first or []),
+                write_timeout=settings.slow_client_timeout or None,
+            )
+            begun.append(writer)
+            app[OPEN_STREAMS].add(asyncio.current_task())
+            metrics.active_streams.inc()
+            try:
+                if outran:
+                    await _fell_behind(writer)
+                else:
+                    pending = None if first_read.done() else first_read
+                    await _relay(runs, run_id, events, writer, frames, pending)
+            finally:
+                metrics.active_streams.dec()
+                metrics.client_blocked.observe(writer.blocked)
+        finally:
+            if not first_read.done():  # its task must end before the log is closed
+                first_read.cancel()
+                await asyncio.wait([first_read])
+
+
+async def _first_events(
+    read: asyncio.Future[LogEvents | None], wait: float, resume: bool
+) -> tuple[LogEvents | None, bool]:
+    """(the first events, or None if none came within `wait`; whether the run outran its log
+    before this request read it). A resume raises ResumeWindowExpired instead."""
+    try:
+        async with asyncio.timeout(wait or None):
+            return await asyncio.shield(read), False
+    except TimeoutError:
+        return None, False
+    except ResumeWindowExpired:
+        if resume:
+            raise
+        return None, True
+
+
+async def _relay(
+    runs: RunManager,
+    run_id: str,
+    events: AsyncIterator[LogEvents],
+    writer: SSEWriter,
+    frames: Frames,
+    first_read: asyncio.Future[LogEvents | None] | None = None,
+) -> None:
+    """Send everything until the run's log ends; `first_read` is a first read still pending."""
+    try:
+        if first_read is not None and (batch := await first_read):
+            await writer.send(frames.batch(batch, False))
+        async for batch in events:
+            # NOTE: only a client whose last write waited has a backlog to merge; a long read
+            # for one that keeps up (an upstream burst, a replay) goes out event by event.
+            await writer.send(frames.batch(batch, writer.behind))
+        if frames.wants_ending and (terminal := (await runs.get(run_id)).terminal) is not None:
+            await writer.send(frames.ending(terminal))
+    except ResumeWindowExpired:  # so far behind that the log moved past it
+        await _fell_behind(writer)
+        return
+    except (ConnectionError, asyncio.CancelledError):
+        writer.abandon()
+        raise
+    except StoreUnavailable:  # away for longer than the outage grace
+        await writer.send_error(store_unavailable_error())
+    except Exception as exc:  # begun: the stream ends with an error frame, never a second body
+        log.error("stream failed", last_seq=writer.last_seq, error=type(exc).__name__)
+        await writer.send_error(internal_error().body()["error"])
+    await writer.close()
+
+
+async def _fell_behind(writer: SSEWriter) -> None:
+    """End a stream whose next events the log no longer holds."""
+    await writer.send_error(
+        {
+            "message": "This stream fell behind the events the server keeps; "
+            f"resume with starting_after={writer.last_seq} is no longer possible.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "resume_window_expired",
+        }
+    )
+    await writer.close()

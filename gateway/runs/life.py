@@ -1,0 +1,275 @@
+"""One chat request's run, from its Idempotency-Key claim to its settlement, owned in one place.
+
+In order: the key is claimed (or the run an earlier request with it started is found), the
+tenant's quota reserves the run, the run starts; when it is over, however it ends, the unused
+reservation is refunded, its ending is kept with its key, and it leaves one usage record. What
+is taken is given back here too: a first attempt that fails before its run starts releases its
+reservation and its key, so a retry can try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from aiohttp import web
+
+from adapters.requests import ChatRequest, Message
+from gateway.app_keys import (
+    AUTH,
+    DEFERRED,
+    FLOWS,
+    LEDGER,
+    OPENER,
+    PRINCIPAL,
+    QUOTAS,
+    RATE_HEADERS,
+    RUNS,
+    SETTINGS,
+    STARTED,
+    TENANT,
+)
+from gateway.http.errors import APIError
+from gateway.runs import replays
+from gateway.runs.admission import backend_for, prompt_estimate, quota_request, refused, reserve
+from gateway.runs.flow_control import Shed, Ticket
+from gateway.runs.manager import new_run_id
+from gateway.runs.spec import RunOutcome, RunSpec
+from gateway.runs.status import PUBLIC_STATUS
+from gateway.state.ledger import UsageRecord
+from gateway.state.redis_open import KeyClaim, RedisOpener
+from gateway.state.run_store import TerminalRecord
+from policies.idempotency import body_fingerprint
+from policies.quotas import Admission, QuotaExceeded
+
+# The run's id, on the answer that starts it: a stream's headers go out (at the latest one
+# heartbeat interval in) before its first chunk, which may wait while the run is queued.
+RUN_ID_HEADER = "x-sluice-run-id"
+
+
+@dataclass(slots=True, frozen=True)
+class Opened:
+    """What a chat request answers from: the run to follow, or (`ending`) the saved ending of
+    the run its Idempotency-Key started, once that run is no longer kept; and the headers the
+    answer carries (rate limits, `idempotent-replayed`)."""
+
+    run_id: str
+    ending: TerminalRecord | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RunLife:
+    def __init__(
+        self,
+        request: web.Request,
+        chat: ChatRequest,
+        body: dict,
+        *,
+        run_id: str | None = None,
+        meta: dict | None = None,
+    ) -> None:
+        """Checks the request for its tenant (model, access, caps, a ready backend): an
+        APIError here means nothing was claimed or reserved. `run_id` and `meta` are a
+        Responses request's (its `resp_` id, its fields kept with the run record)."""
+        self.app = request.app
+        self.request = request
+        self.tenant = request[TENANT]
+        self.principal = request[PRINCIPAL]
+        self.chat = chat
+        self.body = body
+        adapter = backend_for(request, self.tenant, chat, body)
+        chat.cache_salt = self.tenant.cache_salt
+        shared = self.app[AUTH].config.shared_system_prompts  # the current file's, reloads too
+        chat.shared_system_prompt = opens_with_shared_prompt(chat.messages, shared)
+        self.key = replays.idempotency_key(request)
+        self.spec = RunSpec(
+            run_id=run_id or new_run_id(),
+            chat=chat,
+            adapter=adapter,
+            tenant=self.tenant.name,
+            principal=self.principal.label,
+            deadlines=self.app[SETTINGS].deadlines(self.tenant.deadlines),
+            started=request[STARTED],
+            safety=self.tenant.safety,
+            meta=meta or {},
+        )
+        self.admission: Admission | None = None
+
+    async def open(self) -> Opened:
+        """Claim, reserve, start; or find what a repeat of this request answers from."""
+        opening = asyncio.create_task(self._open(), name=f"open {self.spec.run_id}")
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # NOTE: a client that goes away while its run is opening must not strand a claim,
+            # a concurrency slot or a reservation: the opening completes, and its run, which
+            # nobody will follow, is cancelled (and settles like any other).
+            opening.add_done_callback(self._abandoned)
+            raise
+
+    async def _open(self) -> Opened:
+        ticket = self._take_ticket()
+        self.spec = replace(self.spec, ticket=ticket)
+        try:
+            opened = await self._open_run()
+        except BaseException:
+            ticket.done(None, 0)  # no run: its place goes back
+            raise
+        if opened.run_id != self.spec.run_id:  # a repeat, answered from the earlier run
+            ticket.done(None, 0)
+        return opened
+
+    def _take_ticket(self) -> Ticket:
+        """The run's place in its backend's flow control: dispatched at once, or queued; a
+        429 when its tenant's queue is full (design §12)."""
+        chat, app = self.chat, self.app
+        prompt = prompt_estimate(chat)
+        cost = prompt + (chat.max_tokens or app[SETTINGS].default_max_tokens) * chat.n
+        flow = app[FLOWS].of(self.spec.adapter)
+        sharing = self.tenant.sharing
+        try:
+            return flow.admit(
+                self.spec.run_id, self.tenant.name, chat.share, sharing.max_queued, prompt, cost
+            )
+        except Shed as exc:
+            raise shed(exc) from None
+
+    async def _open_run(self) -> Opened:
+        opener = self.app.get(OPENER)
+        if opener is not None and (opened := await self._open_at_once(opener)) is not None:
+            return opened
+        if self.key is not None:
+            replay = await replays.claim(
+                self.request, self.tenant.name, self.key, self.body, self.spec.run_id
+            )
+            if replay is not None:
+                return Opened(replay.run_id, replay.answer, dict(replays.REPLAYED))
+        try:
+            try:
+                self.admission, headers = await reserve(
+                    self.app, self.tenant, self.chat, self.spec.run_id
+                )
+            except APIError:
+                self.request[RATE_HEADERS] = {}  # a refusal carries its own
+                raise
+            self.request[RATE_HEADERS] = headers
+            await self.app[RUNS].start(self.spec, self.settle)
+        except BaseException:
+            await asyncio.shield(self._give_back())
+            raise
+        return Opened(self.spec.run_id)
+
+    async def _open_at_once(self, opener: RedisOpener) -> Opened | None:
+        """With Redis: claim, reserve and record the run in one round trip. None when another
+        run holds the key (nothing was taken): the step-by-step path answers that repeat."""
+        app, spec = self.app, self.spec
+        claim = None
+        if self.key is not None:
+            fingerprint = body_fingerprint(self.body)
+            ttl = app[SETTINGS].idempotency_ttl
+            claim = KeyClaim(self.tenant.name, self.key, fingerprint, spec.run_id, ttl)
+        record = app[RUNS].record_for(spec)
+        try:
+            opening = await opener.open(
+                claim, quota_request(app, self.tenant, self.chat, spec.run_id), record
+            )
+        except QuotaExceeded as exc:
+            self.request[RATE_HEADERS] = {}  # a refusal carries its own
+            raise refused(app, exc) from None
+        if opening.held is not None:
+            return None
+        self.admission = opening.admission
+        self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
+        try:
+            await app[RUNS].start(spec, self.settle, record)
+        except BaseException:
+            await asyncio.shield(self._give_back())
+            raise
+        return Opened(spec.run_id)
+
+    async def _give_back(self) -> None:
+        """The run did not start: its reservation and its key go back."""
+        deferred = self.app[DEFERRED]
+        if self.admission is not None:
+            admission = self.admission
+            await deferred.run("quota release", lambda: self.app[QUOTAS].release(admission, 0))
+        if self.key is not None:
+            key, tenant, run_id = self.key, self.tenant.name, self.spec.run_id
+            await deferred.run(
+                "idempotency release", lambda: replays.release(self.request, tenant, key, run_id)
+            )
+
+    def _abandoned(self, opening: asyncio.Future[Opened]) -> None:
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        opened = opening.result()
+        background = self.spec.meta.get("background", False)  # read later, by its id
+        if opened.run_id == self.spec.run_id and not background:  # ours: nobody will read it
+            self.app[RUNS].cancel_here(opened.run_id, "disconnect")
+
+    async def settle(self, outcome: RunOutcome) -> None:
+        """The run is over: its ending with its key, the unused reservation refunded, one
+        usage record. A Redis outage defers the first two (gateway/state/store_health.py); the
+        record falls back to this host's file (gateway/state/ledger.py). The three are independent,
+        so they go together (with Redis: one pipeline)."""
+        app, deferred = self.app, self.app[DEFERRED]
+        writes = [app[LEDGER].append(usage_record(outcome))]
+        if self.key is not None:
+            key, terminal = self.key, outcome.terminal
+            writes.append(
+                deferred.run(
+                    "idempotency ending",
+                    lambda: replays.remember(app, outcome.tenant, key, outcome.run_id, terminal),
+                )
+            )
+        prompt = outcome.prompt_tokens
+        if self.admission is not None:
+            admission = self.admission
+            used = (prompt if prompt is not None else prompt_estimate(self.chat)) + (
+                outcome.generated_tokens
+            )
+            release = deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
+            writes.append(release)
+        for result in await asyncio.gather(*writes, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
+
+def shed(exc: Shed) -> APIError:
+    """The 429 for a run its tenant's full queue turned away (design §12)."""
+    return APIError(
+        429,
+        f"Too many of your requests are waiting for capacity in the '{exc.tier}' tier; "
+        "retry later, or send fewer at once.",
+        type="requests",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(math.ceil(exc.retry_after))},
+    )
+
+
+def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) -> bool:
+    """Whether the first message is a system prompt the tenants file declares shared: only its
+    text is then cached for all tenants (design §5); a near miss shares nothing."""
+    first = messages[0] if messages else None
+    return first is not None and first.role in ("system", "developer") and first.content in shared
+
+
+def usage_record(outcome: RunOutcome) -> UsageRecord:
+    return UsageRecord(
+        run_id=outcome.run_id,
+        tenant=outcome.tenant,
+        principal=outcome.principal,
+        model=outcome.model,
+        status=PUBLIC_STATUS[outcome.status],
+        finish_reason=outcome.finish_reason,
+        cancel_source=outcome.cancel_source,
+        prompt_tokens=outcome.prompt_tokens or 0,
+        generated_tokens=outcome.generated_tokens,
+        sent_tokens=outcome.sent_tokens,
+        tail_tokens=outcome.tail_tokens,
+        ttft_s=outcome.ttft_s,
+        e2e_s=outcome.e2e_s,
+        ended_at=time.time(),
+    )
