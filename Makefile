@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test gateway-only lint format bench load soak clean
+.PHONY: install serve test docs docs-serve gateway-only lint format bench load soak clean
 
 install: $(STAMP)
 
@@ -24,8 +24,18 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/sluice serve $(ARGS)
 
+# the docs site first (a broken link or an orphan page fails it), then the whole suite: what CI runs
 test: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the docs site (mkdocs.yml, docs/) into build/site; --strict: every warning is an error
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+# the docs site served while you edit, reloaded on change
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8080
 
 gateway-only: install
 	.ci/gateway-only

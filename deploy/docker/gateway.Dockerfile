@@ -38,6 +38,6 @@ ENV SLUICE_HOST=0.0.0.0 \
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('SLUICE_PORT', '8000') + '/healthz', timeout=2)"]
-# Exec form: `sluice` is PID 1 and gets SIGTERM itself, which starts its drain (README,
-# "Graceful shutdown"); give it --shutdown-timeout plus a margin before SIGKILL.
+# Exec form: `sluice` is PID 1 and gets SIGTERM itself, which starts its drain
+# (docs/operations/shutdown.md); give it --shutdown-timeout plus a margin before SIGKILL.
 ENTRYPOINT ["sluice", "serve"]

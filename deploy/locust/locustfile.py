@@ -11,7 +11,7 @@ Four kinds of users, each turn on the next tenant (so every kind meets every ten
 - `IdempotentUser`: repeats a request with its `Idempotency-Key`: the same completion (id and
   choices, or the stream replayed from event 1 after a dropped first try) with
   `idempotent-replayed: true`; the key with another body is `422 idempotency_key_reused`.
-Configuration: load_settings.py; how to run it and read it: README, "Load testing".
+Configuration: load_settings.py; how to run it and read it: docs/operations/load-testing.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """sluicegate observed the way a platform team runs it, proven against a real Prometheus.
 
 deploy/prometheus's config and rules pass promtool (its rule unit tests included); every alert
-has a runbook in the README. Then a real `sluice serve` with its worker on the tiny model takes
-a short load (streams, a client cancel, a disconnect, a resume, a 429, 4xx and 5xx answers),
-a real `prometheus` scrapes both with deploy/prometheus's own jobs and rules, and every PromQL
-expression of the Grafana dashboard and of the rules returns data: the names, labels and label
-values they select on are the ones sluicegate exports. The same scrapes prove design §7's
-names and labels, and that clients cannot mint label values (an unknown model is `unknown`)."""
+has a runbook page on the docs site (docs/operations/runbooks/). Then a real `sluice serve`
+with its worker on the tiny model takes a short load (streams, a client cancel, a disconnect, a
+resume, a 429, 4xx and 5xx answers), a real `prometheus` scrapes both with deploy/prometheus's
+own jobs and rules, and every PromQL expression of the Grafana dashboard and of the rules
+returns data: the names, labels and label values they select on are the ones sluicegate
+exports. The same scrapes prove design §7's names and labels, and that clients cannot mint
+label values (an unknown model is `unknown`)."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -236,24 +236,27 @@ def test_promtool_passes_the_deployed_config_and_rules(args):
     assert "SUCCESS" in done.stdout
 
 
-def github_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a Markdown file's headings."""
-    anchors = set()
-    for heading in re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE):
-        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-        anchors.add(slug)
-    return anchors
+def nav_pages(nav: object) -> set[str]:
+    """Every page the docs site's nav (mkdocs.yml) lists, as paths under docs/."""
+    if isinstance(nav, str):
+        return {nav}
+    items = nav.values() if isinstance(nav, dict) else nav
+    return set().union(*(nav_pages(item) for item in items))
 
 
-def test_every_alert_has_a_summary_a_description_and_a_runbook_in_the_readme():
-    anchors = github_anchors((REPO / "README.md").read_text())
+def test_every_alert_has_a_summary_a_description_and_a_runbook_page():
+    listed = nav_pages(load_yaml(REPO / "mkdocs.yml")["nav"])
+    overview = (REPO / "docs/operations/alerts.md").read_text()
     rules = alert_rules()
     assert len(rules) >= 8
     for rule in rules:
-        notes = rule["annotations"]
-        assert notes["summary"] and notes["description"], rule["alert"]
-        page, anchor = notes["runbook"].split("#")
-        assert page == "README.md" and anchor in anchors, rule["alert"]
+        name, notes = rule["alert"], rule["annotations"]
+        assert notes["summary"] and notes["description"], name
+        page = f"operations/runbooks/{name.lower()}.md"
+        assert notes["runbook"] == f"docs/{page}", name
+        assert (REPO / "docs" / page).read_text().startswith(f"# {name}\n"), name
+        assert page in listed, name  # in the site's nav, so `mkdocs build --strict` builds it
+        assert f"(runbooks/{name.lower()}.md)" in overview, name  # and linked from Alerts
         alert_bases(rule["expr"])  # `<base> <comparison> <number>`, or two joined by `and on`
 
 

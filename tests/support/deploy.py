@@ -4,8 +4,6 @@ real `sluice` parsers, the image's environment included."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 import dockerfile
 import yaml
 
+from common.worker_settings import WorkerConfig, load_worker_config
 from gateway.cli.main import build_parser
 from gateway.settings import Settings, load_settings
 
@@ -25,7 +24,7 @@ DOCKER = DEPLOY / "docker"
 # and aiohttp closes the connections (its shutdown_timeout, 5 s, in gateway/cli/main.py): a grace
 # period must cover the timeout plus this
 DRAIN_MARGIN_S = 5
-# image name -> its Dockerfile (the names the compose file, the manifests and the README use)
+# image name -> its Dockerfile (the names the compose file, the manifests and docs/deploy.md use)
 IMAGES = {
     "sluicegate-gateway": "gateway.Dockerfile",
     "sluicegate-worker": "worker.Dockerfile",
@@ -122,19 +121,11 @@ class Invocation:
         flags = {k: v for k, v in args.items() if k not in ("cmd", "func")}
         return load_settings(flags, self.env)
 
-    def worker(self, monkeypatch) -> argparse.Namespace:
-        """`sluice worker`'s arguments: its parser reads SLUICE_* while it is built."""
+    def worker(self, _monkeypatch: object = None) -> WorkerConfig:
+        """`sluice worker`'s settings: its flags (unknown ones fail) over SLUICE_* variables, as
+        its loader reads them (the environment is passed in, so nothing is patched)."""
         assert self.subcommand == "worker", self.argv
-        from workers.cli import add_worker_arguments
-
-        with monkeypatch.context() as m:
-            for name in [n for n in os.environ if n.startswith("SLUICE_")]:
-                m.delenv(name)
-            for name, value in self.env.items():
-                m.setenv(name, value)
-            parser = argparse.ArgumentParser(prog="sluice worker")
-            add_worker_arguments(parser)
-            return parser.parse_args(self.argv[1:])
+        return load_worker_config(self.argv[1:], self.env)
 
 
 def invocation(image: str, args: list[str], env: dict[str, str]) -> Invocation:
