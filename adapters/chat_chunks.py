@@ -1,7 +1,10 @@
-"""Internal events → OpenAI's `chat.completion.chunk` and `chat.completion` objects.
+"""OpenAI's `chat.completion.chunk` both ways, and the `chat.completion` object.
 
-The only code that knows the chunk shape. Each streamed event is serialised once: the part of the
-chunk that never changes (id, object, created, model) is encoded once per response as a prefix.
+The only code that knows the chunk shape: internal events rendered as chunks (for the run's log
+and its clients), and chunks read back as internal events (an OpenAI-compatible upstream's
+stream, and a run's log for the Responses renderer). Each streamed event is serialised once: the
+part of the chunk that never changes (id, object, created, model) is encoded once per response as
+a prefix.
 """
 
 from __future__ import annotations
@@ -11,7 +14,15 @@ from typing import Any
 
 import orjson
 
-from adapters.events import Event, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.events import (
+    FINISH_REASONS,
+    ErrorEvent,
+    Event,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 
 
 def usage_dict(usage: Usage) -> dict[str, int]:
@@ -229,3 +240,85 @@ def completion_chunks(raw: bytes, include_usage: bool = False) -> list[bytes]:
     if include_usage and usage:
         chunks.append(renderer.usage(Usage(usage["prompt_tokens"], usage["completion_tokens"])))
     return chunks
+
+
+# -- chunks read back as events --------------------------------------------------------------
+
+
+class BadChunk(ValueError):
+    """An upstream chunk that is not a well-formed `chat.completion.chunk`."""
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise BadChunk(f"expected {kind}, got {type(value).__name__}")
+    return value
+
+
+def chunk_events(chunk: Any, n: int = 1) -> list[Event]:
+    """The internal events in one upstream `chat.completion.chunk` of a request for `n`
+    choices; raises BadChunk for anything malformed (wrong types, a choice index out of range)."""
+    if not isinstance(chunk, dict):
+        raise BadChunk("a chunk is a JSON object")
+    if "error" in chunk:
+        return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
+    events: list[Event] = []
+    for choice in _typed(chunk.get("choices"), list, ()):
+        text = _plain_text(choice, n)
+        if text is None:
+            _choice_events(_typed(choice, dict, {}), n, events)
+        elif text:
+            events.append(TextDelta(text, choice.get("index", 0)))
+    usage = _typed(chunk.get("usage"), dict)
+    if usage:
+        prompt = _typed(usage.get("prompt_tokens"), int, 0)
+        events.append(Usage(prompt, _typed(usage.get("completion_tokens"), int, 0)))
+    return events
+
+
+def _plain_text(choice: Any, n: int) -> str | None:
+    """The text of a choice that is a plain text delta and nothing else, well formed; None for
+    any other choice (read field by field, checked)."""
+    # NOTE: most chunks are this one; the exact-type checks here are what _choice_events checks
+    if type(choice) is not dict or choice.get("finish_reason") is not None:
+        return None
+    delta, index = choice.get("delta"), choice.get("index", 0)
+    if type(delta) is not dict or type(index) is not int or not 0 <= index < n:
+        return None
+    content = delta.get("content")
+    if type(content) is not str or choice.get("logprobs") is not None or "tool_calls" in delta:
+        return None
+    return content
+
+
+def _choice_events(choice: dict[str, Any], n: int, events: list[Event]) -> None:
+    index = _typed(choice.get("index"), int, 0)
+    if not 0 <= index < n:
+        raise BadChunk(f"choice index {index} outside 0..{n - 1}")
+    delta = _typed(choice.get("delta"), dict, {})
+    content = _typed(delta.get("content"), str, "")
+    if content:
+        logprobs = _typed(_typed(choice.get("logprobs"), dict, {}).get("content"), list)
+        events.append(TextDelta(content, index, 1, logprobs))
+    for call in _typed(delta.get("tool_calls"), list, ()):
+        call = _typed(call, dict, {})
+        function = _typed(call.get("function"), dict, {})
+        events.append(
+            ToolCallDelta(
+                _typed(call.get("index"), int, 0),
+                _typed(function.get("arguments"), str, ""),
+                _typed(call.get("id"), str),
+                _typed(function.get("name"), str),
+                index,
+            )
+        )
+    reason = _typed(choice.get("finish_reason"), str)
+    if reason:
+        events.append(Finish(reason if reason in FINISH_REASONS else "stop", index))
+
+
+def logged_events(payload: bytes, n: int = 1) -> list[Event]:
+    """The events of one chunk of a run's own log (its role chunk has none)."""
+    return chunk_events(orjson.loads(payload), n)

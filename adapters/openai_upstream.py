@@ -14,16 +14,8 @@ import aiohttp
 import orjson
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
-from adapters.events import (
-    FINISH_REASONS,
-    Accepted,
-    ErrorEvent,
-    Event,
-    Finish,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from adapters.chat_chunks import chunk_events
+from adapters.events import Accepted, ErrorEvent, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
 
@@ -61,58 +53,6 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
         if value not in (None, False, 0):
             body[name] = value
     return body
-
-
-class BadChunk(ValueError):
-    """An upstream chunk that is not a well-formed `chat.completion.chunk`."""
-
-
-def _typed(value: Any, kind: type | tuple[type, ...], default: Any = None) -> Any:
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise BadChunk(f"expected {kind}, got {type(value).__name__}")
-    return value
-
-
-def chunk_events(chunk: Any, n: int = 1) -> list[Event]:
-    """The internal events in one upstream `chat.completion.chunk` of a request for `n`
-    choices; raises BadChunk for anything malformed (wrong types, a choice index out of range)."""
-    if not isinstance(chunk, dict):
-        raise BadChunk("a chunk is a JSON object")
-    if "error" in chunk:
-        return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
-    events: list[Event] = []
-    for choice in _typed(chunk.get("choices"), list, ()):
-        choice = _typed(choice, dict, {})
-        index = _typed(choice.get("index"), int, 0)
-        if not 0 <= index < n:
-            raise BadChunk(f"choice index {index} outside 0..{n - 1}")
-        delta = _typed(choice.get("delta"), dict, {})
-        content = _typed(delta.get("content"), str, "")
-        if content:
-            logprobs = _typed(_typed(choice.get("logprobs"), dict, {}).get("content"), list)
-            events.append(TextDelta(content, index, 1, logprobs))
-        for call in _typed(delta.get("tool_calls"), list, ()):
-            call = _typed(call, dict, {})
-            function = _typed(call.get("function"), dict, {})
-            events.append(
-                ToolCallDelta(
-                    _typed(call.get("index"), int, 0),
-                    _typed(function.get("arguments"), str, ""),
-                    _typed(call.get("id"), str),
-                    _typed(function.get("name"), str),
-                    index,
-                )
-            )
-        reason = _typed(choice.get("finish_reason"), str)
-        if reason:
-            events.append(Finish(reason if reason in FINISH_REASONS else "stop", index))
-    usage = _typed(chunk.get("usage"), dict)
-    if usage:
-        prompt = _typed(usage.get("prompt_tokens"), int, 0)
-        events.append(Usage(prompt, _typed(usage.get("completion_tokens"), int, 0)))
-    return events
 
 
 class OpenAIUpstreamAdapter:

@@ -104,10 +104,10 @@ def to_event(line: api.Line) -> Event:
     """The internal event for one line of the worker's stream."""
     kind = type(line)
     if kind is api.TextLine:
-        return TextDelta(line.text, line.index, line.tokens, line.logprobs, line.ids)
+        return TextDelta(line.text, line.index, line.tokens, line.logprobs, line.token_ids)
     if kind is api.ToolCallLine:
         return ToolCallDelta(
-            line.call_index, line.arguments, call_id(), line.name, line.index, line.ids
+            line.call_index, line.arguments, call_id(), line.name, line.index, line.token_ids
         )
     if kind is api.FinishLine:
         if line.reason == "abort":
@@ -117,7 +117,7 @@ def to_event(line: api.Line) -> Event:
         return Finish(line.reason, line.index)
     if kind is api.AdmittedLine:
         return Admitted()
-    if kind is api.StartLine:
+    if kind is api.AcceptedLine:
         return Accepted()
     if kind is api.UsageLine:
         return Usage(line.prompt_tokens, line.completion_tokens)

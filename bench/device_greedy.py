@@ -40,7 +40,7 @@ def engine_tokens(engine, prompts: list[list[int]], new: int) -> list[list[int]]
         for out in engine.step():
             for line in out.events:
                 if isinstance(line, TextLine):
-                    tokens[out.request_id] += line.ids
+                    tokens[out.request_id] += line.token_ids
     return list(tokens.values())
 
 

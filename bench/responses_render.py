@@ -6,7 +6,8 @@ to number the events. This builds logs of text deltas (as the driver appends the
 in one run and side by side:
 
 - `chat`: what a chat stream does per log event: frame it for SSE;
-- `responses`: parse the chunk, render its typed event(s), serialise and frame them;
+- `responses`: read the chunk back as events, render their typed event(s), serialise and frame
+  them;
 - `resume at end`: a resume after the last event: the whole log rendered, nothing sent.
 
 Shown per event in µs and as a ratio to the chat row: the machine is shared, so read ratios.
@@ -22,8 +23,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from adapters.chat_chunks import ChunkRenderer, logged_events
 from adapters.events import Finish, TextDelta
-from adapters.to_openai import ChunkRenderer
 from gateway.responses.render import ResponseRenderer
 from gateway.responses.request import ResponseParams
 from gateway.responses.stream import numbered
@@ -48,7 +49,7 @@ def responses(log: list[bytes], after: int = -1) -> None:
     renderer = ResponseRenderer(RID, "bench", 0, ResponseParams())
     events = renderer.opening()
     for payload in log:
-        events += renderer.feed(payload)
+        events += renderer.feed(logged_events(payload))
     framed = numbered(events, after)
     b"".join(b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in framed)
 

@@ -45,8 +45,9 @@ def error_body(
 
 
 @dataclass(slots=True)
-class StartLine:
-    """First, once the prompt is tokenized (the request was accepted into the queue)."""
+class AcceptedLine:
+    """First, once the prompt is tokenized (the request was accepted into the queue); the
+    gateway's `Accepted`. On the wire its type is `start`."""
 
     prompt_tokens: int
     type: str = "start"
@@ -67,14 +68,15 @@ class AdmittedLine:
 
 @dataclass(slots=True)
 class TextLine:
-    """Released text of one choice; `tokens` is how many generated tokens it carries and `ids`
-    are those tokens (what a `continuation` resubmits)."""
+    """Released text of one choice (the gateway's `TextDelta`); `tokens` is how many generated
+    tokens it carries and `token_ids` are those tokens (what a `continuation` resubmits; `ids`
+    on the wire)."""
 
-    index: int
     text: str
+    index: int
     tokens: int
     logprobs: list[dict[str, Any]] | None = None  # OpenAI's `content` list, when asked for
-    ids: list[int] = field(default_factory=list)  # len(ids) == tokens
+    token_ids: list[int] = field(default_factory=list)  # len(token_ids) == tokens
     type: str = "text"
 
     def wire(self) -> dict[str, Any]:
@@ -83,7 +85,7 @@ class TextLine:
             "index": self.index,
             "text": self.text,
             "tokens": self.tokens,
-            "ids": self.ids,
+            "ids": self.token_ids,
         }
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
@@ -92,16 +94,16 @@ class TextLine:
 
 @dataclass(slots=True)
 class ToolCallLine:
-    """One whole tool call the model made in choice `index` (`call_index` counts its calls);
-    `arguments` is a JSON string, `tokens` the generated tokens its markup took, `ids` those
-    tokens."""
+    """One whole tool call the model made in choice `index` (`call_index` counts its calls; the
+    gateway's `ToolCallDelta`, whole); `arguments` is a JSON string, `tokens` the generated tokens
+    its markup took, `token_ids` those tokens (`ids` on the wire)."""
 
-    index: int
     call_index: int
-    name: str
     arguments: str
+    name: str
+    index: int
     tokens: int
-    ids: list[int] = field(default_factory=list)  # len(ids) == tokens
+    token_ids: list[int] = field(default_factory=list)  # len(token_ids) == tokens
     type: str = "tool_call"
 
     def wire(self) -> dict[str, Any]:
@@ -112,17 +114,18 @@ class ToolCallLine:
             "name": self.name,
             "arguments": self.arguments,
             "tokens": self.tokens,
-            "ids": self.ids,
+            "ids": self.token_ids,
         }
 
 
 @dataclass(slots=True)
 class FinishLine:
     """A choice is done. With reason `abort`, also what the abort cost: tokens generated after
-    it arrived and the time from its arrival to the step boundary where the sequence stopped."""
+    it arrived and the time from its arrival to the step boundary where the sequence stopped
+    (the gateway's `Finish`, or its `Aborted`)."""
 
-    index: int
     reason: str  # stop | length | tool_calls | abort
+    index: int
     completion_tokens: int
     tail_tokens: int | None = None
     stop_latency_ms: float | None = None
@@ -166,9 +169,9 @@ class ErrorLine:
         return {"type": "error", "code": self.code, "message": self.message}
 
 
-Line = StartLine | AdmittedLine | TextLine | ToolCallLine | FinishLine | UsageLine | ErrorLine
+Line = AcceptedLine | AdmittedLine | TextLine | ToolCallLine | FinishLine | UsageLine | ErrorLine
 _LINES: dict[str, type] = {
-    "start": StartLine,
+    "start": AcceptedLine,
     "admitted": AdmittedLine,
     "text": TextLine,
     "tool_call": ToolCallLine,
@@ -182,7 +185,7 @@ def abort_line(
     index: int, completion_tokens: int, tail_tokens: int, stop_latency_s: float
 ) -> FinishLine:
     return FinishLine(
-        index, "abort", completion_tokens, tail_tokens, round(stop_latency_s * 1000, 3)
+        "abort", index, completion_tokens, tail_tokens, round(stop_latency_s * 1000, 3)
     )
 
 
@@ -197,6 +200,8 @@ def decode(raw: bytes) -> Line | None:
     kind = _LINES.get(record.pop("type", None))
     if kind is None:
         return None
+    if "ids" in record:  # the wire's short name for token_ids
+        record["token_ids"] = record.pop("ids")
     try:
         return kind(**record)
     except TypeError:  # fields a newer worker added: read what this version knows

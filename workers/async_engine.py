@@ -114,7 +114,7 @@ class AsyncEngine:
             self._cond.notify()
         finished = False
         try:
-            yield api.StartLine(len(request.prompt_ids))
+            yield api.AcceptedLine(len(request.prompt_ids))
             while True:
                 output = await queue.get()
                 for event in output.events:

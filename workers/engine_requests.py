@@ -67,7 +67,7 @@ class LiveRequests:
         if status == RequestStatus.FINISHED_STOPPED and seq.tool_calls_sent:
             status = RequestStatus.FINISHED_TOOL_CALLS
         seq.status = status
-        out.events.append(api.FinishLine(seq.index, FINISH_REASON[status], seq.num_output_tokens))
+        out.events.append(api.FinishLine(FINISH_REASON[status], seq.index, seq.num_output_tokens))
         self.release(seq)
 
     def release(self, seq: SequenceState) -> None:

@@ -203,13 +203,13 @@ class SequenceState:
         logprobs = self.unsent_logprobs if self.params.logprobs else None
         for segment in self.unsent:
             if isinstance(segment, str):
-                lines.append(api.TextLine(self.index, segment, 0, logprobs))
+                lines.append(api.TextLine(segment, self.index, 0, logprobs))
                 logprobs = [] if logprobs is not None else None
             else:
                 call = self.tool_calls_sent
-                lines.append(api.ToolCallLine(self.index, call, segment.name, segment.arguments, 0))
+                lines.append(api.ToolCallLine(call, segment.arguments, segment.name, self.index, 0))
                 self.tool_calls_sent += 1
-        lines[0].tokens, lines[0].ids = len(self.unsent_ids), self.unsent_ids
+        lines[0].tokens, lines[0].token_ids = len(self.unsent_ids), self.unsent_ids
         self.unsent, self.unsent_ids, self.unsent_logprobs = [], [], []
         return lines
 

@@ -11,8 +11,8 @@ import asyncio
 import orjson
 from aiohttp import web
 
+from adapters.chat_chunks import ChunkRenderer, completion_chunks
 from adapters.requests import ChatRequest
-from adapters.to_openai import ChunkRenderer, completion_chunks
 from gateway.app_keys import METRICS, RUNS
 from gateway.http.backpressure import COALESCE_AT, coalesce
 from gateway.http.errors import terminal_error

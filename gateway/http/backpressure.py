@@ -11,8 +11,8 @@ because the follower never holds more than one read of the log, and the log is b
 
 from __future__ import annotations
 
+from adapters.chat_chunks import ChunkRenderer
 from adapters.events import TextDelta
-from adapters.to_openai import ChunkRenderer
 from gateway.state.run_store import LogEvent, LogEvents
 
 COALESCE_AT = 16  # a read this long means the client is behind: merge its text

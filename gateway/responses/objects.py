@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import Any
 
-from adapters.to_openai import completion_chunks
+from adapters.chat_chunks import completion_chunks, logged_events
 from gateway.responses.items import output_messages
 from gateway.responses.render import ResponseRenderer, response_status
 from gateway.responses.request import ResponseParams
@@ -47,7 +47,7 @@ def ended_object(record: RunRecord, terminal: TerminalRecord) -> dict[str, Any]:
     renderer = renderer_for(record)
     if terminal.completion is not None:
         for payload in completion_chunks(terminal.completion):
-            renderer.feed(payload)
+            renderer.feed(logged_events(payload))
     status = response_status(terminal.status, terminal.finish_reason)
     renderer.ending(terminal)
     return renderer.response(status, terminal)
@@ -60,7 +60,7 @@ async def current_object(runs: RunManager, record: RunRecord) -> dict[str, Any]:
     renderer = renderer_for(record)
     with contextlib.suppress(ResumeWindowExpired):
         for _, payload, _, _ in await runs.store.read(record.run_id, 0):
-            renderer.feed(payload)
+            renderer.feed(logged_events(payload))
     return renderer.response(PUBLIC_STATUS[record.status])
 
 

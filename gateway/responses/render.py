@@ -1,9 +1,11 @@
-"""The second renderer of a run: its event log (chat chunks) as OpenAI's Responses typed events.
+"""The second renderer of a run: its events as OpenAI's Responses typed events.
 
-A response is a run like any chat completion; its log holds the same chunks. This renderer reads
-them in order and says what they are in the Responses protocol: `response.created` and
-`response.in_progress` first, then per output item its `added` events, its deltas and its `done`
-events, and, once the run has ended, the terminal event with the whole response object.
+A response is a run like any chat completion; its log holds the same chunks, read back as the
+run's events (adapters/chat_chunks.py, the one module that knows the chunk's shape). This
+renderer takes them in order and says what they are in the Responses protocol:
+`response.created` and `response.in_progress` first, then per output item its `added` events, its
+deltas and its `done` events, and, once the run has ended, the terminal event with the whole
+response object.
 
 NOTE: the typed events are a pure function of the log and the run's ending, numbered from 0 in
 the order they are produced. A resume after `sequence_number` N renders the log again from its
@@ -17,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from adapters.events import Event, Finish, TextDelta, ToolCallDelta
 from gateway.responses.request import ResponseParams
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from gateway.state.run_store import TerminalRecord
@@ -74,7 +77,7 @@ class ResponseRenderer:
         # NOTE: the open message's text as its deltas came, joined only when it is shown (its
         # done events, a response snapshot): appending to one string copies it every time
         self.pieces: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}  # by the chunk's call index
+        self.calls: dict[int, dict[str, Any]] = {}  # by the call's index
         self.index_of: dict[str, int] = {}  # output index by item id
         self.finish_reason: str | None = None
         self.sequence = 0
@@ -92,20 +95,19 @@ class ResponseRenderer:
             self._event("response.in_progress", response=self.response("in_progress")),
         ]
 
-    def feed(self, payload: bytes) -> list[dict[str, Any]]:
-        """The events of one log chunk (none for a role chunk, usage or an error frame)."""
-        chunk = orjson.loads(payload)
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._text(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                events += self._call(call)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                events += self._close("completed")
-        return events
+    def feed(self, events: list[Event]) -> list[dict[str, Any]]:
+        """The typed events of a run's events (none for usage or an error)."""
+        out: list[dict[str, Any]] = []
+        for event in events:
+            kind = type(event)
+            if kind is TextDelta:
+                out += self._text(event.text)
+            elif kind is ToolCallDelta:
+                out += self._call(event)
+            elif kind is Finish:
+                self.finish_reason = event.reason
+                out += self._close("completed")
+        return out
 
     def ending(self, terminal: TerminalRecord) -> list[dict[str, Any]]:
         """The events that end the stream of a run that ended so."""
@@ -143,18 +145,17 @@ class ResponseRenderer:
         )
         return events
 
-    def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+    def _call(self, call: ToolCallDelta) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        function = call.get("function") or {}
-        item = self.calls.get(call["index"])
+        item = self.calls.get(call.call_index)
         if item is None:
             events += self._close("completed")
-            item = self.open = self.calls[call["index"]] = {
+            item = self.open = self.calls[call.call_index] = {
                 "id": f"fc_{self.suffix}_{len(self.output)}",
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": call.get("id") or "",
-                "name": function.get("name") or "",
+                "call_id": call.id or "",
+                "name": call.name or "",
                 "arguments": "",
             }
             index = self.index_of[item["id"]] = len(self.output)
@@ -162,14 +163,14 @@ class ResponseRenderer:
             events.append(
                 self._event("response.output_item.added", output_index=index, item=_copy(item))
             )
-        if function.get("arguments"):
-            item["arguments"] += function["arguments"]
+        if call.arguments:
+            item["arguments"] += call.arguments
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
                     item_id=item["id"],
                     output_index=self.index_of[item["id"]],
-                    delta=function["arguments"],
+                    delta=call.arguments,
                 )
             )
         return events

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from adapters.chat_chunks import logged_events
 from gateway.responses.objects import renderer_for
 from gateway.responses.render import ResponseRenderer
 from gateway.runs.follow import stream_log
@@ -68,7 +69,7 @@ async def stream_response(
 
 
 def _render(renderer: ResponseRenderer, batch: LogEvents) -> list[dict[str, Any]]:
-    return [event for _, payload, _, _ in batch for event in renderer.feed(payload)]
+    return [event for _, payload, _, _ in batch for event in renderer.feed(logged_events(payload))]
 
 
 async def last_sequence(runs: RunManager, record: RunRecord) -> int:

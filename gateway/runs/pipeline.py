@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from adapters.chat_chunks import ChunkRenderer, CompletionBuilder
 from adapters.events import Accepted, Event, Finish, TextDelta, ToolCallDelta, Usage
-from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from gateway.state.run_store import Chunk, log_chunk
 
 

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from adapters.chat_chunks import ChunkRenderer, CompletionBuilder
 from adapters.events import Aborted, Admitted, Event, Finish, TextDelta, Usage
 from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
 from adapters.requests import ChatRequest, Message
-from adapters.to_openai import ChunkRenderer, CompletionBuilder
 from adapters.worker_client import WorkerAdapter
 from testkit.scripted_adapter import ScriptedAdapter, Step, text_script
 from tests.support.waiting import until

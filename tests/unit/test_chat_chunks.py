@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from adapters.chat_chunks import ChunkRenderer, CompletionBuilder
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
-from adapters.to_openai import ChunkRenderer, CompletionBuilder
 
 
 def chunk(raw: bytes) -> ChatCompletionChunk:

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.chat_chunks import ChunkRenderer
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
-from adapters.to_openai import ChunkRenderer
 from gateway.app_keys import RUNS
 from gateway.http.backpressure import COALESCE_AT, coalesce
 from gateway.http.sse import SlowClient, SSEWriter

@@ -125,7 +125,7 @@ def test_ignore_eos_keeps_going_and_shows_nothing_for_it() -> None:
     seq = make_sequence(SamplingParams(max_tokens=5, ignore_eos=True))
     assert step(seq, 3, CTX) is None
     assert step(seq, 0, CTX) is None
-    assert (seq.take_events() or [None])[0] == TextLine(0, "a", 2, ids=[3, 0])
+    assert (seq.take_events() or [None])[0] == TextLine("a", 0, 2, token_ids=[3, 0])
 
 
 def test_stop_token_id_stops_and_its_text_is_not_shown() -> None:
@@ -134,7 +134,7 @@ def test_stop_token_id_stops_and_its_text_is_not_shown() -> None:
     assert (seq.take_events() or [None])[0].text == "a"
     assert step(seq, 1, CTX) == RequestStatus.FINISHED_STOPPED
     seq.flush_text()
-    assert seq.take_events() == [TextLine(0, "", 1, ids=[1])]  # counted, its text not shown
+    assert seq.take_events() == [TextLine("", 0, 1, token_ids=[1])]  # counted, its text not shown
 
 
 def test_last_tokens_without_text_still_reach_a_line() -> None:
@@ -142,10 +142,10 @@ def test_last_tokens_without_text_still_reach_a_line() -> None:
     the lines' tokens add up to the usage."""
     seq = make_sequence(SamplingParams(max_tokens=2, ignore_eos=True))
     assert step(seq, 0, CTX) is None
-    assert seq.take_events() == [TextLine(0, "a", 1, ids=[0])]
+    assert seq.take_events() == [TextLine("a", 0, 1, token_ids=[0])]
     assert step(seq, 3, CTX) == RequestStatus.FINISHED_LENGTH  # 3: the EOS, a special token
     seq.flush_text()
-    assert seq.take_events() == [TextLine(0, "", 1, ids=[3])]
+    assert seq.take_events() == [TextLine("", 0, 1, token_ids=[3])]
     seq.flush_text()
     assert seq.take_events() == []  # nothing twice
 
@@ -156,11 +156,11 @@ def test_last_tokens_without_text_keep_no_logprobs() -> None:
     seq = make_sequence(SamplingParams(max_tokens=5, logprobs=True))
     seq.append_token(0, {"token": "a"})
     assert check_stop(seq, 0, CTX) is None
-    assert seq.take_events() == [TextLine(0, "a", 1, [{"token": "a"}], ids=[0])]
+    assert seq.take_events() == [TextLine("a", 0, 1, [{"token": "a"}], token_ids=[0])]
     seq.append_token(3, {"token": "<eos>"})
     assert check_stop(seq, 3, CTX) == RequestStatus.FINISHED_STOPPED
     seq.flush_text()
-    assert seq.take_events() == [TextLine(0, "", 1, [], ids=[3])]
+    assert seq.take_events() == [TextLine("", 0, 1, [], token_ids=[3])]
 
 
 def test_max_tokens_is_length_after_exactly_that_many() -> None:

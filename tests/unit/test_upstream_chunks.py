@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters.chat_chunks import BadChunk, _choice_events, _plain_text, chunk_events
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
-from adapters.openai_upstream import BadChunk, chunk_events
 
 
 def test_a_well_formed_chunk_becomes_its_events():
@@ -91,3 +91,18 @@ def test_any_json_is_events_or_a_bad_chunk(chunk):
     with contextlib.suppress(BadChunk):  # anything else, a TypeError say, fails the test
         events = chunk_events(chunk, n=2)
         assert all(getattr(e, "index", 0) in (0, 1) for e in events)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json)
+def test_the_plain_text_fast_path_reads_a_choice_as_the_checked_path_does(choice):
+    text = _plain_text(choice, 2)
+    if text is not None:  # the fast path took it: the checked path agrees, event for event
+        checked: list = []
+        _choice_events(choice, 2, checked)
+        assert checked == ([TextDelta(text, choice.get("index", 0))] if text else [])
+
+
+def test_the_fast_path_takes_a_plain_text_choice():
+    assert _plain_text({"index": 1, "delta": {"content": "hi"}}, 2) == "hi"
+    assert _plain_text({"index": 1, "delta": {"content": "hi"}, "finish_reason": "stop"}, 2) is None

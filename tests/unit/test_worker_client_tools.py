@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from adapters.chat_chunks import CompletionBuilder
 from adapters.events import Finish, ToolCallDelta
 from adapters.requests import ChatRequest, Message
-from adapters.to_openai import CompletionBuilder
 from adapters.worker_client import WorkerAdapter, generate_request, to_event
 from tests.support.waiting import until
 from wire import api
@@ -63,7 +63,7 @@ def test_the_body_carries_format_tools_and_tool_turns_and_parses_back() -> None:
 
 
 def test_a_tool_call_line_is_a_whole_delta_with_an_openai_id() -> None:
-    event = to_event(api.ToolCallLine(1, 0, "get_weather", '{"city":"Bern"}', 9))
+    event = to_event(api.ToolCallLine(0, '{"city":"Bern"}', "get_weather", 1, 9))
     assert isinstance(event, ToolCallDelta)
     assert (event.index, event.call_index, event.name, event.arguments) == (
         1,
@@ -72,7 +72,7 @@ def test_a_tool_call_line_is_a_whole_delta_with_an_openai_id() -> None:
         '{"city":"Bern"}',
     )
     assert event.id.startswith("call_") and len(event.id) > 20
-    assert to_event(api.FinishLine(1, "tool_calls", 9)) == Finish("tool_calls", 1)
+    assert to_event(api.FinishLine("tool_calls", 1, 9)) == Finish("tool_calls", 1)
 
 
 def test_the_worker_adapter_refuses_none_of_them() -> None:

@@ -84,9 +84,9 @@ def test_the_adapter_sends_the_continuation_only_when_set() -> None:
 
 
 def test_the_adapter_passes_the_ids_on() -> None:
-    text = to_event(api.decode(api.encode(api.TextLine(0, "ab", 2, ids=[7, 9]))))
+    text = to_event(api.decode(api.encode(api.TextLine("ab", 0, 2, token_ids=[7, 9]))))
     assert text == TextDelta("ab", 0, 2, None, [7, 9])
-    call = to_event(api.ToolCallLine(0, 0, "f", "{}", 3, ids=[1, 2, 3]))
+    call = to_event(api.ToolCallLine(0, "{}", "f", 0, 3, token_ids=[1, 2, 3]))
     assert isinstance(call, ToolCallDelta) and call.token_ids == [1, 2, 3]
 
 
