@@ -1,11 +1,14 @@
 """The OpenAI Chat Completions request schema: parsing and validation in one place.
 
 `parse_chat_request` turns a decoded JSON body into a `ChatRequest` or raises an `APIError` whose
-message and `param` name the offending field. Unknown fields are ignored, as OpenAI does.
+message and `param` name the offending field. Unknown fields are ignored, as OpenAI does. The
+ranges and choices it enforces (BOUNDS, the sets below, wire/limits.py) are what the OpenAPI
+document (gateway/openapi/schemas.py) states: both read them from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from adapters.requests import ChatRequest, Message
@@ -25,6 +28,29 @@ TOOL_CHOICES = frozenset({"none", "auto", "required"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 MAX_INT64 = 2**63 - 1  # what a body can carry on to a backend
 SERVICE_TIERS = ("auto", *TIERS)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A numeric field's range; `low_open`: the low end itself is refused."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+
+
+BOUNDS = {
+    "max_completion_tokens": Bounds(1, MAX_INT64, integer=True),
+    "max_tokens": Bounds(1, MAX_INT64, integer=True),
+    "temperature": Bounds(0.0, 2.0),
+    "top_p": Bounds(0.0, 1.0, low_open=True),
+    "seed": Bounds(-(2**63), MAX_INT64, integer=True),
+    "n": Bounds(1, MAX_N, integer=True),
+    "top_logprobs": Bounds(0, MAX_TOP_LOGPROBS, integer=True),
+    "presence_penalty": Bounds(-2.0, 2.0),
+    "frequency_penalty": Bounds(-2.0, 2.0),
+}
 
 
 def _type_name(value: Any) -> str:
@@ -86,6 +112,14 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None)
         limit = f"at least {low}" if high is None else f"between {low} and {high}"
         raise invalid_request(name, f"Invalid value for '{name}': {value}; it must be {limit}.")
     return value
+
+
+def _bounded(body: dict[str, Any], name: str) -> Any:
+    """The field `name` within its BOUNDS, or None when absent."""
+    b = BOUNDS[name]
+    if b.integer:
+        return _integer(body, name, int(b.low), int(b.high))
+    return _number(body, name, b.low, b.high, low_open=b.low_open)
 
 
 def _parse_content(content: Any, where: str) -> str | None:
@@ -305,17 +339,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
             "The 'stream_options' parameter is only allowed when 'stream' is true.",
         )
     include_usage = bool(_expect(options or {}, "include_usage", (bool,), "a boolean"))
-    max_tokens = _integer(body, "max_completion_tokens", 1, MAX_INT64)
+    max_tokens = _bounded(body, "max_completion_tokens")
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, MAX_INT64)
+        max_tokens = _bounded(body, "max_tokens")
     logprobs = bool(_expect(body, "logprobs", (bool,), "a boolean"))
-    top_logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    top_logprobs = _bounded(body, "top_logprobs") or 0
     if top_logprobs and not logprobs:
         raise invalid_request("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
-    presence = _number(body, "presence_penalty", -2.0, 2.0)
-    frequency = _number(body, "frequency_penalty", -2.0, 2.0)
+    temperature = _bounded(body, "temperature")
+    top_p = _bounded(body, "top_p")
+    presence = _bounded(body, "presence_penalty")
+    frequency = _bounded(body, "frequency_penalty")
     return ChatRequest(
         model=model,
         messages=messages,
@@ -324,9 +358,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
         top_p=1.0 if top_p is None else top_p,
-        seed=_integer(body, "seed", -(2**63), MAX_INT64),
+        seed=_bounded(body, "seed"),
         stop=_parse_stop(body),
-        n=_integer(body, "n", 1, MAX_N) or 1,
+        n=_bounded(body, "n") or 1,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         presence_penalty=presence or 0.0,

@@ -17,8 +17,15 @@ from gateway.openapi.document import (
     _errors,
     _get,
 )
-from gateway.openapi.schemas import SERVICE_TIER, _nullable, _number, _object, _parameters, ref
-from gateway.protocol import MAX_INT64, TOOL_CHOICES
+from gateway.openapi.schemas import (
+    SERVICE_TIER,
+    _nullable,
+    _object,
+    _parameters,
+    bounded,
+    ref,
+)
+from gateway.protocol import TOOL_CHOICES
 from gateway.responses.items import ROLES, TEXT_PARTS
 from gateway.responses.request import REFUSED
 from wire.share import TIERS
@@ -93,9 +100,9 @@ def _request() -> dict[str, Any]:
                 ]
             },
             "instructions": _nullable("string"),
-            "max_output_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
-            "temperature": _number(0, 2),
-            "top_p": _number(0, 1, exclusive_low=True),
+            "max_output_tokens": bounded("max_completion_tokens"),
+            "temperature": bounded("temperature"),
+            "top_p": bounded("top_p"),
             "stream": _nullable("boolean"),
             "background": _nullable("boolean", description="Needs `store` (not false)."),
             "store": _nullable("boolean"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocol import MAX_INT64, RESPONSE_FORMATS, SERVICE_TIERS, TOOL_CHOICES
-from wire.limits import MAX_N, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, ROLES
+from gateway.protocol import BOUNDS, RESPONSE_FORMATS, SERVICE_TIERS, TOOL_CHOICES
+from wire.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, ROLES
 from wire.share import TIERS
 
 _REF = "#/components/schemas/"
@@ -26,9 +26,12 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": _REF + name}
 
 
-def _number(low: float, high: float, exclusive_low: bool = False) -> dict[str, Any]:
-    bound = {"exclusiveMinimum": low} if exclusive_low else {"minimum": low}
-    return {"type": ["number", "null"], **bound, "maximum": high}
+def bounded(name: str, **more: Any) -> dict[str, Any]:
+    """A numeric field as the parser bounds it (gateway/protocol.py's BOUNDS), or null."""
+    b = BOUNDS[name]
+    low = {"exclusiveMinimum": b.low} if b.low_open else {"minimum": b.low}
+    kind = "integer" if b.integer else "number"
+    return {"type": [kind, "null"], **low, "maximum": b.high, **more}
 
 
 def _nullable(kind: str, **more: Any) -> dict[str, Any]:
@@ -140,19 +143,17 @@ def _sampling_properties() -> dict[str, Any]:
     stop_string = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
     stops = {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": stop_string}
     return {
-        "max_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
-        "max_completion_tokens": _nullable("integer", minimum=1, maximum=MAX_INT64),
-        "temperature": _number(0, 2),
-        "top_p": _number(0, 1, exclusive_low=True),
-        "seed": _nullable("integer", minimum=-(2**63), maximum=MAX_INT64),
+        "max_tokens": bounded("max_tokens"),
+        "max_completion_tokens": bounded("max_completion_tokens"),
+        "temperature": bounded("temperature"),
+        "top_p": bounded("top_p"),
+        "seed": bounded("seed"),
         "stop": {"anyOf": [stop_string, stops, {"type": "null"}]},
-        "n": _nullable("integer", minimum=1, maximum=MAX_N),
+        "n": bounded("n"),
         "logprobs": _nullable("boolean"),
-        "top_logprobs": _nullable(
-            "integer", minimum=0, maximum=MAX_TOP_LOGPROBS, description="Needs `logprobs`."
-        ),
-        "presence_penalty": _number(-2, 2),
-        "frequency_penalty": _number(-2, 2),
+        "top_logprobs": bounded("top_logprobs", description="Needs `logprobs`."),
+        "presence_penalty": bounded("presence_penalty"),
+        "frequency_penalty": bounded("frequency_penalty"),
     }
 
 
