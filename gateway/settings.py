@@ -1,19 +1,49 @@
 """Gateway settings: flags win over the environment (`SLUICE_<NAME>`), which wins over the
-`--config` TOML file, which wins over the defaults below."""
+`--config` TOML file, which wins over the defaults below (common/config.py, the loader the workers
+use too). A setting without a flag carries its help here; the others', on their flag
+(gateway/cli/main.py); docs/reference/serve.md is generated from both."""
 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.pool_routing import ROUTINGS
+from common.config import ConfigError, build, check_keys, config_file, describe, resolve, setting
+from common.worker_settings import (
+    DEVICES,
+    DTYPES,
+    ENGINE_KEYS,
+    SCHEDULINGS,
+    WorkerConfig,
+    check_kv_sizing,
+    worker_settings,
+)
 from gateway.runs.deadlines import Deadlines
 from wire.limits import MAX_BODY_BYTES
 
 DEFAULT_MODEL = "default"
-SCHEDULINGS = ("fair", "fcfs")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# the settings that take one of a few words (their flags offer the same choices)
+_CHOICES = {
+    "dtype": DTYPES,
+    "device": DEVICES,
+    "pool_routing": ROUTINGS,
+    "scheduling": SCHEDULINGS,
+    "log_level": LOG_LEVELS,
+}
+# what a `[worker]` table may not set, and why: the gateway sets it from its own settings
+_SET_BY_SERVE = {
+    "model": "set it at the top level",
+    "device": "set it at the top level",
+    "dtype": "set it at the top level",
+    "scheduling": "set it at the top level",
+    "max_body_bytes": "the gateway sets it from its own max_body_bytes",
+    "host": "sluice serve chooses it",
+    "port": "sluice serve chooses it",
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,13 +66,25 @@ class Settings:
     workers: int = 1
     worker_url: list[str] = field(default_factory=list)
     upstream: list[str] = field(default_factory=list)
-    # the config file's `[upstreams.NAME]` tables: url = "…", capacity = 64 (design §12)
-    upstreams: dict[str, Any] = field(default_factory=dict)
+    upstreams: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": 'the config file\'s `[upstreams.NAME]` tables: `url = "…"`, `capacity = 64` '
+            "(as --upstream NAME=URL#capacity=64)"
+        },
+    )
+    # the engine settings handed to each local worker on its command line (the config file's
+    # `[worker]` table, the engine flags, their variables); only those given, else the worker's
+    # own defaults apply
+    worker: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "the config file's `[worker]` table: the local workers' engine settings"},
+    )
     api_key: list[str] = field(default_factory=list)
     tenants: str | None = None
     redis_url: str | None = None
     redis_prefix: str = "sluice:"
-    redis_max_connections: int = 256
+    redis_max_connections: int = setting(256, "most connections this process keeps open to Redis")
     redis_timeout: float = 2.0  # seconds a Redis command may take before Redis counts as away
     redis_outage_grace: float = 30.0  # live runs ride out a Redis outage this long
     disconnect_grace: float = 10.0
@@ -52,20 +94,28 @@ class Settings:
     inter_token_timeout: float = 60.0
     total_timeout: float = 1800.0  # the name tenants use too
     slow_client_timeout: float = 30.0  # a stream unwritable this long is detached
-    cancel_confirm_timeout: float = 5.0  # wait this long for the upstream to confirm a stop
+    cancel_confirm_timeout: float = setting(
+        5.0, "seconds a cancelled run waits for its backend to confirm the stop"
+    )
     run_retention: float = 600.0  # seconds an ended run can still be retrieved and resumed
-    run_max_events: int = 4096  # events kept per run for resume
-    run_max_event_bytes: int = 8 << 20  # and at most this many bytes of them
+    run_max_events: int = setting(4096, "events kept per run for resume")
+    run_max_event_bytes: int = setting(
+        8 << 20, "bytes of events kept per run for resume, at most (default 8 MiB)"
+    )
     run_retention_bytes: int = 256 << 20  # ended runs kept in memory together (and, apart,
     # the endings kept with idempotency keys) hold at most this
-    lease_ttl: float = 10.0  # with Redis: a replica silent this long has its runs failed
+    lease_ttl: float = setting(
+        10.0, "with Redis: seconds a replica may stay silent before its runs are failed"
+    )
     idempotency_ttl: float = 86400.0  # seconds an Idempotency-Key keeps its run
     usage_file: str | None = None  # the JSONL usage ledger without Redis (default: state dir)
-    default_max_tokens: int = 1024  # tokens reserved against tpm when a request names no max
+    default_max_tokens: int = setting(
+        1024, "tokens reserved against a tenant's tpm quota when a request names no max_tokens"
+    )
     max_body_bytes: int = MAX_BODY_BYTES
     body_timeout: float = 30.0  # a request head or body slower than this is answered 408
     max_pending_connections: int = 1024  # connections without a whole request (head and body)
-    keepalive_timeout: float = 75.0  # an idle keep-alive connection is closed after this
+    keepalive_timeout: float = setting(75.0, "seconds an idle keep-alive connection stays open")
     ping_interval: float = 15.0
     stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung
     shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
@@ -73,15 +123,28 @@ class Settings:
     # fair: saturated backends' runs wait in fair queues here, and local workers schedule by
     # tier and tenant; fcfs: runs go as they come (design §12)
     scheduling: str = "fair"
-    worker_start_timeout: float = 300.0
+    worker_start_timeout: float = setting(
+        300.0, "seconds a local worker may take to load its model and answer /health"
+    )
     follow_token_ttl: float = 3600.0  # seconds a run's follow token lets a browser read it
-    follow_token_secret: str | None = None  # env or --config only (gateway/http/follow_access.py)
+    follow_token_secret: str | None = setting(
+        None,
+        "the key follow tokens are signed with, the same on every replica (no flag: keep it out "
+        "of process lists); unset: with Redis, a random key the replicas share there, else one "
+        "per process",
+    )
     cors_origin: list[str] = field(default_factory=list)  # browser origins allowed (or "*")
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.scheduling not in SCHEDULINGS:
-            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULINGS)}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
+                )
+        check_keys(self.worker, ENGINE_KEYS, "[worker]")
+        WorkerConfig(**self.worker)  # raises ValueError on a value the worker would refuse
+        self.upstream_specs()  # raises ValueError on a malformed upstream
 
     @property
     def starts_local_workers(self) -> bool:
@@ -108,8 +171,12 @@ class Settings:
         tables, validated."""
         specs = [_upstream_flag(spec) for spec in self.upstream]
         for name, table in self.upstreams.items():
-            if not isinstance(table, dict) or set(table) - {"url", "capacity"}:
-                raise ValueError(f"[upstreams.{name}] takes url and capacity only")
+            if not isinstance(table, dict):
+                raise ValueError(f"[upstreams.{name}] must be a table with url and capacity")
+            try:
+                check_keys(table, ("url", "capacity"), f"[upstreams.{name}]")
+            except ConfigError as e:
+                raise ConfigError(f"{e}; it takes url and capacity only") from None
             url, capacity = table.get("url"), table.get("capacity")
             specs.append(UpstreamSpec(name, _upstream_url(name, url), _capacity(name, capacity)))
         return specs
@@ -143,37 +210,29 @@ def _capacity(name: str, capacity: object) -> int | None:
     return capacity
 
 
-def _coerce(value: str, like: Any, is_list: bool) -> Any:
-    if is_list:
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(like, bool):
-        return value.lower() in ("1", "true", "yes", "on")
-    if isinstance(like, int):
-        return int(value)
-    if isinstance(like, float):
-        return float(value)
-    return value
-
-
-def load_settings(flags: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
-    """Merge flags (None = not given), `SLUICE_*` variables and the `--config` file."""
+def load_settings(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    """`sluice serve`'s settings from its flags (None or [] = not given), `SLUICE_*` variables
+    and the `--config` file; ConfigError names what cannot be used."""
     environ = os.environ if environ is None else environ
-    config_path = flags.get("config") or environ.get("SLUICE_CONFIG")
-    config: dict[str, Any] = {}
-    if config_path:
-        with Path(config_path).open("rb") as fh:
-            config = {k.replace("-", "_"): v for k, v in tomllib.load(fh).items()}
-    defaults = Settings()
-    values: dict[str, Any] = {}
-    for f in fields(Settings):
-        default = getattr(defaults, f.name)
-        is_list = isinstance(default, list)
-        flag = flags.get(f.name)
-        env = environ.get(f"SLUICE_{f.name.upper()}")
-        if flag not in (None, []):
-            values[f.name] = flag
-        elif env is not None:
-            values[f.name] = _coerce(env, default, is_list)
-        elif f.name in config:
-            values[f.name] = config[f.name]
-    return Settings(**values)
+    table, where = config_file(flags, environ)
+    values = resolve(describe(Settings), flags, environ, table, where)
+    values["worker"] = worker_table(flags, environ, table.get("worker", {}), where)
+    return build(Settings, values)
+
+
+def worker_table(
+    flags: Mapping[str, Any], environ: Mapping[str, str], table: Any, where: str
+) -> dict[str, Any]:
+    """The engine settings for the local workers: `serve`'s engine flags, then the worker's own
+    variables (`SLUICE_MAX_NUM_SEQS`, …), then the file's `[worker]` table. Only those given."""
+    where = f"{where} [worker]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, not {table!r}")
+    for key in table:
+        if (why := _SET_BY_SERVE.get(key.replace("-", "_"))) is not None:
+            raise ConfigError(f"{where}: {key!r} cannot be set here ({why})")
+    engine = [s for s in worker_settings() if s.key in ENGINE_KEYS]
+    values = resolve(engine, flags, environ, table, where)
+    check_kv_sizing(values, where)
+    build(WorkerConfig, values)  # the values a worker would refuse, refused here already
+    return values

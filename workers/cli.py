@@ -1,13 +1,12 @@
 """`sluice worker`: serve one model over the worker API until SIGTERM/SIGINT.
 
-`add_worker_arguments` and `run_worker` are what gateway/cli/main.py wires into the `sluice` script;
-`python -m workers.cli` runs the same thing on its own. Every flag also reads `SLUICE_<FLAG>`
-from the environment (flags win).
+gateway/cli/main.py hands `sluice worker …` to `main` here; `python -m workers.cli` runs the same
+thing on its own. Its settings (flags, `SLUICE_<FLAG>` variables, a `--config` TOML file) are
+loaded by common/worker_settings.py, the loader `sluice serve` uses too (common/config.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -18,124 +17,20 @@ from collections.abc import Sequence
 import structlog
 from aiohttp import web
 
+from common.config import ConfigError
 from common.logs import configure_logging as configure_logs
+
+# NOTE: re-exported for the tests and deploy checks that build the worker's parser from here.
+from common.worker_settings import add_worker_arguments, load_worker_config
 from workers.app_keys import SERVICE
-from workers.config import DEVICES, DTYPES, WorkerConfig
-from workers.fair_policy import SCHEDULINGS
+from workers.config import WorkerConfig
 from workers.server import create_worker_app
-from workers.speculative import MODES
+
+__all__ = ["add_worker_arguments", "configure_logging", "main", "serve"]
 
 log = structlog.get_logger("sluice.worker")
 
 SHUTDOWN_TIMEOUT_S = 5.0
-_DEFAULTS = WorkerConfig()  # one source for the flags' defaults
-
-
-def _env(flag: str) -> str | None:
-    return os.environ.get("SLUICE_" + flag.upper().replace("-", "_"))
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags; each defaults to its `SLUICE_<FLAG>` environment variable."""
-    parser.add_argument(
-        "--model",
-        default=_env("model") or "default",
-        help="local Hugging Face model folder, or 'default' (SmolLM2-135M-Instruct)",
-    )
-    port = _env("port")
-    parser.add_argument(
-        "--port", type=int, default=port, required=port is None, help="port to listen on"
-    )
-    parser.add_argument("--host", default=_env("host") or _DEFAULTS.host, help="address to bind")
-    parser.add_argument(
-        "--device", choices=DEVICES, default=_env("device") or "auto", help="auto: cuda if present"
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=_env("dtype") or "auto",
-        help="auto: bf16 where the hardware has it natively, else fp16 (CUDA) or fp32 (CPU)",
-    )
-    _add_engine_arguments(parser)
-
-
-def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """How the engine batches, caches and bounds its work."""
-    parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=_env("max-num-seqs") or _DEFAULTS.max_num_seqs,
-        help="sequences running at once; the rest wait (in --scheduling order)",
-    )
-    parser.add_argument(
-        "--scheduling",
-        choices=SCHEDULINGS,
-        default=_env("scheduling") or _DEFAULTS.scheduling,
-        help="fair: waiting requests go by tier, then by tenant under weighted fair sharing, "
-        "and a running one may yield to them; fcfs: arrival order, nothing yields",
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=_env("max-num-batched-tokens") or _DEFAULTS.max_num_batched_tokens,
-        help="token budget of one engine step (decodes plus prefill chunks)",
-    )
-    parser.add_argument(
-        "--step-time-target",
-        type=float,
-        default=float(_env("step-time-target")) if _env("step-time-target") else None,
-        help="seconds one engine step should take: prefill chunks shrink so decodes keep "
-        "their pace (0: prefill fills the token budget; default: 0.05 on CPU, 0 on CUDA)",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        default=_env("block-size") or _DEFAULTS.block_size,
-        help="tokens per KV block",
-    )
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(_env("max-body-bytes") or _DEFAULTS.max_body_bytes),
-        help="largest request body; a gateway starting this worker sets it from its own limit",
-    )
-    _add_decoding_arguments(parser)
-    kv = parser.add_mutually_exclusive_group()
-    kv.add_argument(
-        "--kv-cache-memory",
-        default=_env("kv-cache-memory") or _DEFAULTS.kv_cache_memory,
-        help="memory for the paged KV cache, e.g. 2GiB (capped at what max-num-seqs can use)",
-    )
-    num_blocks = _env("num-kv-blocks")
-    kv.add_argument(
-        "--num-kv-blocks",
-        type=int,
-        default=int(num_blocks) if num_blocks else None,
-        help="exact number of KV blocks (instead of --kv-cache-memory)",
-    )
-
-
-def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    """How tokens are chosen beyond plain sampling: grammars and speculative drafts."""
-    parser.add_argument(
-        "--grammar-timeout",
-        type=float,
-        default=float(_env("grammar-timeout") or _DEFAULTS.grammar_timeout_s),
-        help="seconds a response format's or forced tool call's grammar may take to compile",
-    )
-    parser.add_argument(
-        "--speculative",
-        choices=MODES,
-        default=_env("speculative") or _DEFAULTS.speculative,
-        help="speculative decoding of greedy requests: drafts looked up in the prompt and "
-        "output so far, verified in one forward pass (off: one token per step)",
-    )
-    parser.add_argument(
-        "--spec-tokens",
-        type=int,
-        default=int(_env("spec-tokens") or _DEFAULTS.spec_tokens),
-        help="most draft tokens a sequence verifies per step",
-    )
 
 
 def configure_logging() -> None:
@@ -184,38 +79,15 @@ async def serve(config: WorkerConfig) -> int:
     return code
 
 
-def run_worker(args: argparse.Namespace) -> int:
-    """Entry point for `sluice worker`; returns the process exit code."""
-    configure_logging()
-    try:
-        config = WorkerConfig(
-            model=args.model,
-            host=args.host,
-            port=args.port,
-            device=args.device,
-            dtype=args.dtype,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            scheduling=args.scheduling,
-            step_time_target_s=args.step_time_target,
-            block_size=args.block_size,
-            num_kv_blocks=args.num_kv_blocks,
-            kv_cache_memory=args.kv_cache_memory,
-            max_body_bytes=args.max_body_bytes,
-            grammar_timeout_s=args.grammar_timeout,
-            speculative=args.speculative,
-            spec_tokens=args.spec_tokens,
-        )
-    except ValueError as e:
-        log.error("bad worker settings", error=str(e))
-        return 2
-    return asyncio.run(serve(config))
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "sluice worker") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    add_worker_arguments(parser)
-    return run_worker(parser.parse_args(argv))
+    """Entry point for `sluice worker`; returns the process exit code (2: unusable settings)."""
+    try:
+        config = load_worker_config(argv, os.environ, prog)
+    except ConfigError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    configure_logging()
+    return asyncio.run(serve(config))
 
 
 if __name__ == "__main__":

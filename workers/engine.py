@@ -19,6 +19,12 @@ from typing import Any
 import structlog
 import torch
 
+from common.worker_settings import (
+    DEFAULT_KV_CACHE_MEMORY,
+    DEFAULT_SPEC_TOKENS,
+    DEFAULT_SPECULATIVE,
+    parse_bytes,
+)
 from wire import api
 from workers.block_manager import BlockManager, salt_hash
 from workers.continuation import replay
@@ -26,19 +32,13 @@ from workers.detokenizer import IncrementalDetokenizer, TokenTable
 from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
 from workers.engine_requests import LiveRequests, Outputs, output_of
 from workers.host_copy import to_device
-from workers.kv_cache import (
-    DEFAULT_KV_CACHE_MEMORY,
-    CacheShape,
-    KVCache,
-    blocks_for_budget,
-    parse_bytes,
-)
+from workers.kv_cache import CacheShape, KVCache, blocks_for_budget
 from workers.model_loader import context_length, eos_token_ids
 from workers.model_runner import ModelRunner
 from workers.request import EngineRequest, Request, RequestStatus, SequenceState
 from workers.sampler import Sampler, seeded
 from workers.scheduler import Scheduler
-from workers.speculative import DEFAULT_MODE, DEFAULT_SPEC_TOKENS, Speculator
+from workers.speculative import Speculator
 from workers.step_time import StepBudget
 from workers.stop import StopContext, StopStringHoldback, check_stop
 from workers.tool_parser import ToolCallParser
@@ -75,7 +75,7 @@ class Engine:
         kv_cache_memory: str = DEFAULT_KV_CACHE_MEMORY,
         prefix_caching: bool = True,
         step_time_target_s: float | None = None,
-        speculative: str = DEFAULT_MODE,
+        speculative: str = DEFAULT_SPECULATIVE,
         spec_tokens: int = DEFAULT_SPEC_TOKENS,
         decode_kernel: bool = True,
         scheduling: str = "fair",

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from workers.request import SequenceState
 
 MAX_YIELDS = 1
-SCHEDULINGS = ("fair", "fcfs")
 PREEMPTION_REASONS = ("kv", "fairness", "priority")
 
 

@@ -10,32 +10,10 @@ memory) can never turn into NaN under that mask.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-DEFAULT_KV_CACHE_MEMORY = "2GiB"
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_bytes(text: str) -> int:
-    """'2GiB', '512MiB', '1.5GB', '1000000' → bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a memory size: {text!r} (try '2GiB' or '512MiB')")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 @dataclass(frozen=True, slots=True)

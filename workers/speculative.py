@@ -39,13 +39,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.worker_settings import DEFAULT_SPEC_TOKENS, DEFAULT_SPECULATIVE, SPECULATIVE_MODES
+
 if TYPE_CHECKING:
     from workers.request import SequenceState
     from workers.scheduler import Scheduler
 
-MODES = ("off", "prompt-lookup")
-DEFAULT_MODE = "prompt-lookup"
-DEFAULT_SPEC_TOKENS = 6
 # NOTE: each verifying sequence is a chunk of its own in the attention (its own call per layer),
 # where plain decodes share one batched call: past a few decodes a step, the extra calls cost more
 # than the accepted tokens save (bench/speculative.py at c=8 on a CPU), so larger batches decode
@@ -126,9 +125,13 @@ class Speculator:
     that are free, never preempts, and never displaces a decode or a prefill chunk. A step with more
     than MAX_SPECULATING_DECODES decodes drafts nothing."""
 
-    def __init__(self, mode: str = DEFAULT_MODE, spec_tokens: int = DEFAULT_SPEC_TOKENS) -> None:
-        if mode not in MODES:
-            raise ValueError(f"speculative must be one of {', '.join(MODES)}, not {mode!r}")
+    def __init__(
+        self, mode: str = DEFAULT_SPECULATIVE, spec_tokens: int = DEFAULT_SPEC_TOKENS
+    ) -> None:
+        if mode not in SPECULATIVE_MODES:
+            raise ValueError(
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {mode!r}"
+            )
         if spec_tokens < 1:
             raise ValueError(f"spec_tokens must be at least 1, not {spec_tokens}")
         self.enabled = mode != "off"

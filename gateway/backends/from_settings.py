@@ -33,6 +33,7 @@ def local_workers(settings: Settings) -> list[LocalWorker]:
             settings.dtype,
             settings.max_body_bytes,
             scheduling=settings.scheduling,
+            engine=settings.worker,
         )
         for _ in range(max(1, settings.workers))
     ]

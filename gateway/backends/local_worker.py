@@ -4,6 +4,11 @@ Each worker is a child process; it gets SIGTERM when the gateway exits (and, on 
 gateway dies without cleaning up), so Ctrl-C or SIGTERM on `sluice serve` leaves no orphans. It
 runs in a process group of its own, so a Ctrl-C in the terminal does not stop it before the
 gateway has drained the runs it serves.
+
+Its settings travel on its command line only: the gateway's model, device, dtype, body limit and
+scheduling, and the engine settings `sluice serve` was given (its `[worker]` table and engine
+flags). The `SLUICE_*` variables a worker would read are taken out of its environment, so one
+meant for the gateway (`SLUICE_CONFIG`, `SLUICE_PORT`) never configures a worker behind its back.
 """
 
 from __future__ import annotations
@@ -11,14 +16,19 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 import structlog
 
+from common.config import CONFIG_ENV
+from common.worker_settings import worker_command_flags, worker_settings
 from wire.limits import worker_body_limit
 
 log = structlog.get_logger("sluice.local_worker")
@@ -39,6 +49,13 @@ def _die_with_parent() -> None:
         pass
 
 
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the variables that configure a worker (its settings' and
+    `SLUICE_CONFIG`): what the gateway hands a worker goes on its command line."""
+    settings = {s.env for s in worker_settings()} | {CONFIG_ENV}
+    return {name: value for name, value in environ.items() if name not in settings}
+
+
 class LocalWorker:
     """One worker child process serving `model` on a loopback port."""
 
@@ -50,11 +67,14 @@ class LocalWorker:
         max_body_bytes: int,
         port: int | None = None,
         scheduling: str = "fair",
+        engine: Mapping[str, Any] | None = None,
     ) -> None:
         """`max_body_bytes` is the gateway's own limit: the worker takes whatever it forwards;
-        `scheduling` the gateway's own (fair or fcfs)."""
+        `scheduling` the gateway's own (fair or fcfs); `engine` the engine settings given to
+        `sluice serve` (Settings.worker), the worker's defaults for the rest."""
         self.model = model
         self.scheduling = scheduling
+        self.engine = dict(engine or {})
         self.device = device
         self.dtype = dtype
         self.max_body_bytes = worker_body_limit(max_body_bytes)
@@ -82,6 +102,7 @@ class LocalWorker:
             str(self.max_body_bytes),
             "--scheduling",
             self.scheduling,
+            *worker_command_flags(self.engine),
         ]
 
     async def start(self, ready_within: float) -> None:
@@ -96,7 +117,10 @@ class LocalWorker:
         # NOTE: a process group of its own, so a terminal's Ctrl-C reaches the gateway only:
         # the gateway drains its runs first and stops its workers after (gateway/http/drain.py).
         self._proc = await asyncio.create_subprocess_exec(
-            *self.command(), preexec_fn=_die_with_parent, process_group=0
+            *self.command(),
+            env=worker_environment(os.environ),
+            preexec_fn=_die_with_parent,
+            process_group=0,
         )
         try:
             await self._wait_ready(ready_within)

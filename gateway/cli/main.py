@@ -1,4 +1,7 @@
-"""The `sluice` command line: `serve`, `worker` (design §9)."""
+"""The `sluice` command line: `serve`, `worker`, `usage`, `keys` (design §9).
+
+`serve`'s flags here and the settings dataclass (gateway/settings.py) are what
+docs/reference/serve.md is generated from (gateway/cli/reference.py)."""
 
 from __future__ import annotations
 
@@ -12,20 +15,33 @@ from typing import Any
 from aiohttp import web
 
 from adapters.pool_routing import ROUTINGS
+from common.config import ConfigError
 from common.logs import configure_logging
+from common.worker_settings import DEVICES, DTYPES, SERVE_ENGINE_FLAGS, add_engine_arguments
 from gateway.gc_policy import settle_for_serving
 from gateway.http.server import GatewayRunner
-from gateway.settings import SCHEDULINGS, Settings, load_settings
+from gateway.settings import LOG_LEVELS, SCHEDULINGS, Settings, load_settings
 from policies.auth import generate_key
 
 
-def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """Where to listen and what to serve; then `_add_run_arguments`."""
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """Every `sluice serve` flag (each `dest` a Settings field, or an engine setting for the
+    local workers); none has a default of its own (a list's is empty), so the loader can tell
+    a flag given."""
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind (default 8000)")
     p.add_argument("--model", help="local HF model folder, or 'default' (SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="the local workers' weights and activations (auto: bf16 where the hardware has it "
+        "natively, else fp16 on CUDA, fp32 on CPU)",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="where the local workers run (auto: cuda if present)",
+    )
     p.add_argument("--workers", type=int, help="local worker processes to start (default 1)")
     p.add_argument("--worker-url", action="append", default=[], help="a running sluice worker")
     p.add_argument(
@@ -44,6 +60,17 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     _add_run_arguments(p)
     _add_browser_arguments(p)
+    engine = p.add_argument_group(
+        "local workers' engine", "handed to each local worker; also the config's [worker] table"
+    )
+    add_engine_arguments(engine, SERVE_ENGINE_FLAGS)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with any of these settings (keys: their names; the local workers' "
+        "engine settings in a [worker] table); an unknown key is an error",
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="least level logged")
 
 
 def _add_browser_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,8 +147,6 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds live runs get to finish after SIGTERM/SIGINT before they are cancelled "
         "(default 30)",
     )
-    p.add_argument("--config", help="TOML file with any of these settings")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
 
 def _banner(settings: Settings, key: str, model: str) -> str:
@@ -195,7 +220,11 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("cmd", "func")}
-    settings = load_settings(flags)
+    try:
+        settings = load_settings(flags)
+    except ConfigError as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level)
     key = None
     if not settings.api_key and not settings.tenants:
@@ -213,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the gateway (and, by default, one local worker)")
-    _add_serve_arguments(serve)
+    add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     # `sluice worker …` is handed whole to workers.cli (see main), so the gateway process never
     # imports torch; this entry only lists it in `sluice --help`.

@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-prefix", help="key prefix in Redis (default 'sluice:')")
     p.add_argument(
         "--usage-file",
-        help=f"the JSONL ledger (with Redis: what this host kept while Redis was away; "
-        f"default {DEFAULT_USAGE_FILE})",
+        help="the JSONL ledger (with Redis: what this host kept while Redis was away; default "
+        "sluicegate/usage.jsonl in $XDG_STATE_HOME, else in ~/.local/state)",
     )
     return p
 

@@ -68,7 +68,7 @@ def served(tiny_model_dir, tmp_path_factory) -> Iterator[Served]:
     port = free_port()
     command = serve_command(tiny_model_dir, port, "sk-sluice-e2e-unused", "--tenants", str(tenants))
     command += ["--ping-interval", "0.5", "--disconnect-grace", "1"]
-    # the local worker reads SLUICE_MAX_NUM_SEQS like its flag: two sequences at once
+    # serve reads SLUICE_MAX_NUM_SEQS and hands it to the local worker: two sequences at once
     env = {**os.environ, "SLUICE_LOG_LEVEL": "warning", "SLUICE_MAX_NUM_SEQS": "2"}
     env["SLUICE_SHUTDOWN_TIMEOUT"] = "2"
     proc = subprocess.Popen(command, env=env)

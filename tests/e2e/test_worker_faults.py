@@ -131,7 +131,7 @@ def test_a_hung_worker_refuses_new_work_and_streams_get_headers_and_pings(tiny_m
 
 
 def test_a_stream_queued_behind_others_gets_its_headers_role_and_pings(tiny_model_dir):
-    env = {"SLUICE_MAX_NUM_SEQS": "1"}  # the worker inherits it: one sequence at a time
+    env = {"SLUICE_MAX_NUM_SEQS": "1"}  # serve hands it to its worker: one sequence at a time
     with serving(tiny_model_dir, "--ping-interval", str(PING), env=env) as gateway:
         model = model_id(gateway)
         # NOTE: one 800-token run of the tiny model can end within the pings' wait, so three

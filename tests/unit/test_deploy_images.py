@@ -5,7 +5,6 @@ Grafana agree on flags, ports, health paths and mounted files."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import shutil
@@ -345,15 +344,11 @@ def test_every_sluice_variable_set_for_the_gateway_is_a_setting_or_the_jwt_secre
 def test_every_sluice_variable_set_for_a_worker_is_one_of_its_flags_or_the_model_cache(
     monkeypatch,
 ):
+    from common.worker_settings import worker_settings
     from workers import decode_kernel
-    from workers.cli import add_worker_arguments
     from workers.model_loader import cache_root
 
-    monkeypatch.setenv("SLUICE_PORT", "1")  # --port is required without it
-    parser = argparse.ArgumentParser()
-    add_worker_arguments(parser)
-    known = {f"SLUICE_{a.dest.upper()}" for a in parser._actions if a.option_strings}
-    known.discard("SLUICE_HELP")
+    known = {s.env for s in worker_settings() if s.env}
     k8s = k8s_objects()["StatefulSet", "sluicegate-worker"]["spec"]["template"]["spec"]
     (container,) = k8s["containers"]
     for name in ("sluicegate-worker", "sluicegate-worker-cuda"):
