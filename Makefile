@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test docs docs-serve gateway-only lint format bench load soak clean
+.PHONY: install serve test test-fast docs docs-serve gateway-only lint format bench load soak clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ serve: install
 test: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# the fast tier: no Redis, no processes, no browser, nothing slow (tests/support/tiers.py)
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not redis and not process and not browser and not slow" $(PYTEST_ARGS)
 
 # the docs site (mkdocs.yml, docs/) into build/site; --strict: every warning is an error
 docs: install

@@ -12,6 +12,7 @@ from aiohttp import web
 from adapters.base import Adapter
 from adapters.catalog import Catalog
 from adapters.pool import PoolAdapter
+from common import aiohttp_internals
 from gateway.app_keys import (
     AUTH,
     CATALOG,
@@ -115,6 +116,7 @@ async def _drain_then_close_streams(app: web.Application) -> None:
 
 def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web.Application:
     """The gateway app. `adapters` replaces the backends named in `settings` (tests)."""
+    aiohttp_internals.check()  # the HTTP edge relies on aiohttp's private names: fail now
     app = web.Application(
         middlewares=[preflight, request_context, authenticate],
         client_max_size=settings.max_body_bytes,

@@ -9,9 +9,16 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
+from tests.support.tiers import mark_tiers
+
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # every prefix store_settings handed out, swept once more when the session ends
 _STORE_PREFIXES: list[str] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's tier marks: redis, process, browser (tests/support/tiers.py)."""
+    mark_tiers(items)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from common import aiohttp_internals
 from wire import api
 from wire.api import BadRequest
 from wire.generate_body import parse_generate
@@ -179,6 +180,7 @@ def create_worker_app(
     config: WorkerConfig, *, loaded: LoadedModel | None = None
 ) -> web.Application:
     """The worker app. `loaded` skips loading (tests reuse a model already in memory)."""
+    aiohttp_internals.check()  # the tested aiohttp range (pyproject), before the model loads
     app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
     registry = CollectorRegistry()
     service = WorkerService(config, registry, loaded)

@@ -6,8 +6,8 @@ import asyncio
 
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
 
+from common.aiohttp_internals import ContentEncodingError
 from gateway.app_keys import DRAIN, PRINCIPAL, SETTINGS
 from gateway.handlers.answers import answer
 from gateway.http.errors import APIError, invalid_request

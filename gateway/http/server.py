@@ -13,6 +13,9 @@ answered 408 and closed after `header_timeout`; the body has its own timeout, in
 reads it (a 408 as well). At most `max_pending` connections are pending, whichever part they are
 sending: past that the oldest is refused, with the same 408. So a client that opens connections
 and sends nothing, or a header or a body a byte at a time, holds nothing for long.
+
+aiohttp has no public switch for any of this; the private names it takes are used through
+common/aiohttp_internals.py, which lists them and checks them at start.
 """
 
 from __future__ import annotations
@@ -24,10 +27,17 @@ from typing import Any
 
 import orjson
 import structlog
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, InvalidHeader, LineTooLong
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp import StreamReader, web
+
+from common.aiohttp_internals import (
+    BadHttpMethod,
+    InvalidHeader,
+    LineTooLong,
+    ProtocolRunner,
+    between_requests,
+    handling_request,
+    stop_lingering,
+)
 
 log = structlog.get_logger("sluice.http")
 
@@ -118,7 +128,7 @@ class PendingConnections:
         conn.refuse_slow_client()
 
 
-class GatewayRequestHandler(RequestHandler):
+class GatewayRequestHandler(web.RequestHandler):
     """aiohttp's connection protocol with the gateway's answers to what never became a request."""
 
     def __init__(self, manager: GatewayServer, **kwargs: Any) -> None:
@@ -136,7 +146,7 @@ class GatewayRequestHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if data and not self._request_in_progress and not self._messages:
+        if data and between_requests(self):
             self._pending.add(self)  # the first bytes of a request (a no-op while pending)
         super().data_received(data)
 
@@ -154,7 +164,7 @@ class GatewayRequestHandler(RequestHandler):
         self._pending.discard(self)
 
     def abandon_body(self) -> None:
-        self._lingering_time = 0.0
+        stop_lingering(self)
 
     def refuse_slow_client(self) -> None:
         """The request did not arrive in time, or is the oldest of too many pending. Its body
@@ -171,7 +181,7 @@ class GatewayRequestHandler(RequestHandler):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        if not self._request_in_progress:
+        if not handling_request(self):
             transport.write(
                 error_bytes(
                     408,
@@ -210,8 +220,27 @@ class GatewayRequestHandler(RequestHandler):
 class GatewayServer(web.Server):
     """aiohttp's server, making `GatewayRequestHandler` connections."""
 
-    def __init__(self, *args: Any, header_timeout: float, max_pending: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        header_timeout: float,
+        max_pending: int,
+        request_factory: Any = None,
+        handler_cancellation: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            handler,
+            request_factory=request_factory,
+            handler_cancellation=handler_cancellation,
+            loop=loop,
+            **kwargs,
+        )
+        # what each connection is built with: aiohttp's server keeps the same, privately
+        self._connection_loop = loop or asyncio.get_running_loop()
+        self._connection_kwargs = kwargs
         self.pending = PendingConnections(header_timeout, max_pending)
         factory = self.request_factory
 
@@ -222,16 +251,11 @@ class GatewayServer(web.Server):
         self.request_factory = arrived
 
     def __call__(self) -> GatewayRequestHandler:
-        return GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+        return GatewayRequestHandler(self, loop=self._connection_loop, **self._connection_kwargs)
 
 
-class GatewayRunner(web.AppRunner):
-    """An AppRunner whose server is a `GatewayServer`.
-
-    NOTE: this repeats what `web.AppRunner._make_server` does (start the app, freeze it, build
-    the server from its handler and request factory) with the one difference of the server's
-    class; aiohttp has no public switch for the connection protocol.
-    """
+class GatewayRunner(ProtocolRunner):
+    """An AppRunner whose server is a `GatewayServer`."""
 
     def __init__(
         self, app: web.Application, *, header_timeout: float, max_pending: int, **kwargs: Any
@@ -240,20 +264,7 @@ class GatewayRunner(web.AppRunner):
         self._header_timeout = header_timeout
         self._max_pending = max_pending
 
-    async def _make_server(self) -> web.Server:
-        app = self._app
-        app._set_loop(asyncio.get_running_loop())
-        app.on_startup.freeze()
-        await app.startup()
-        app.freeze()
-        kwargs = dict(self._kwargs)
-        kwargs["debug"] = app._debug
-        kwargs.update(app._handler_args or {})
+    def build_server(self, handler: Any, **kwargs: Any) -> web.Server:
         return GatewayServer(
-            app._handle,
-            request_factory=app._make_request,
-            loop=asyncio.get_running_loop(),
-            header_timeout=self._header_timeout,
-            max_pending=self._max_pending,
-            **kwargs,
+            handler, header_timeout=self._header_timeout, max_pending=self._max_pending, **kwargs
         )

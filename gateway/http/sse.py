@@ -17,6 +17,7 @@ import time
 import orjson
 from aiohttp import web
 
+from common.aiohttp_internals import HeadersWithFirstWrite
 from gateway.state.run_store import LogEvents
 
 SSE_HEADERS = {
@@ -41,13 +42,6 @@ _BLOCKED = 0.001  # a write that took longer than this waited on the client
 
 class SlowClient(ConnectionError):
     """The client took no bytes for longer than the write timeout."""
-
-
-class _HeadersWithFirstWrite(web.StreamResponse):
-    """A stream response whose headers wait for its first write (aiohttp's switch for responses
-    with a body ready), so headers and the first frames leave in one write."""
-
-    _send_headers_immediately = False
 
 
 class SSEWriter:
@@ -93,7 +87,7 @@ class SSEWriter:
         write_timeout: float | None = None,
     ) -> SSEWriter:
         """Start the stream; `first` events are framed into the same write as the headers."""
-        response_class = _HeadersWithFirstWrite if first else web.StreamResponse
+        response_class = HeadersWithFirstWrite if first else web.StreamResponse
         response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
         writer = cls(response, ping_interval, write_timeout, request.transport)

@@ -34,6 +34,8 @@ from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
+from gateway.state import redis_internals
+from gateway.state.redis_internals import stream_writer
 from gateway.state.run_store import StoreUnavailable
 from gateway.state.store_health import PROBE_EVERY, StoreHealth
 from gateway.tasks import stop_tasks
@@ -72,10 +74,11 @@ class _HiredisPackedConnection(Connection):
             command = command.encode()
         if isinstance(command, bytes):
             command = [command]
+        writer = stream_writer(self)
         try:
-            self._writer.writelines(command)
+            writer.writelines(command)
             async with asyncio.timeout(self.socket_timeout):
-                await self._writer.drain()  # raises here if the connection was lost
+                await writer.drain()  # raises here if the connection was lost
         except TimeoutError:
             await self.disconnect(nowait=True)
             raise RedisTimeoutError("Timeout writing to socket") from None
@@ -179,6 +182,8 @@ class SharedRedis:
     """The client, its health, and the prober that notices when Redis is back."""
 
     def __init__(self, url: str, max_connections: int = 256, timeout: float = 2.0) -> None:
+        if HIREDIS_AVAILABLE:
+            redis_internals.check()  # the packed connection writes to redis-py's private writer
         # NOTE: a blocking pool: under a burst, a command waits for a free connection instead of
         # failing (the default pool raises past its size). One retry, on a connection error
         # only: a stale pooled connection fails before anything reached the new server.

@@ -221,6 +221,7 @@ def numbers(result: list[dict]) -> list[float]:
 # --- the files, checked by promtool ----------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args",
     [

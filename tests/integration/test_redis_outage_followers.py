@@ -11,10 +11,12 @@ from collections.abc import Iterator
 
 import httpx
 import orjson
+import pytest
 
 from tests.support.redis_server import PrivateRedis
 from tests.support.serve import Served, serving
 
+pytestmark = [pytest.mark.redis, pytest.mark.process]  # a private redis-server, hung and resumed
 GRACE = 1.0  # the disconnect grace
 AWAY = 3.0  # Redis hung this long: past the grace, well within the outage grace (30 s)
 DELAY_MS = 20  # between the scripted upstream's tokens: a 300-token run takes 6 s

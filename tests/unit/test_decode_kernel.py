@@ -132,6 +132,7 @@ def spy(function, calls: list):
     return called
 
 
+@pytest.mark.process
 def test_without_a_compiler_the_engine_keeps_sdpa(tiny_model_dir, tmp_path) -> None:
     """A fresh cache and no working compiler: the build fails, leaves nothing half-written, the
     worker says so once and serves through SDPA."""
@@ -170,6 +171,7 @@ def test_a_shape_without_a_variant_keeps_sdpa_and_says_so(tiny, monkeypatch) -> 
     assert all(texts.values())
 
 
+@pytest.mark.process
 def test_the_kernel_runs_on_torchs_threads_and_adds_no_openmp_runtime() -> None:
     """With two intra-op threads, both spend CPU inside the kernel's calls (built without
     OpenMP, ATen's parallel_for ran them on one thread), and the process still maps one

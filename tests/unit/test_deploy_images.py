@@ -82,11 +82,13 @@ def bind_mounts(service: dict) -> dict[str, str]:
     return mounts
 
 
+@pytest.mark.process
 def test_the_compose_files_validate_against_the_compose_specification():
     result = check_jsonschema(*COMPOSE_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_compose_check_catches_a_misspelt_key(tmp_path):
     broken = tmp_path / "compose.yaml"
     broken.write_text("services:\n  redis:\n    image: redis:7.4-alpine\n    restrat: always\n")
@@ -292,6 +294,7 @@ def answering():
     server.server_close()
 
 
+@pytest.mark.process  # runs the image's health check command
 @pytest.mark.parametrize(
     ("name", "path"),
     [
@@ -374,6 +377,7 @@ def test_every_sluice_variable_set_for_a_worker_is_one_of_its_flags_or_the_model
         assert any(run.value[0].endswith(created) for run in image.all("RUN")), created
 
 
+@pytest.mark.process
 def test_prometheus_accepts_the_compose_config_with_the_reference_rules(tmp_path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool is not installed (Debian: apt-get install prometheus)"

@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 # NOTE: a reference may wrap onto the next line, inside a comment as well: `design` and its
 # numbers are apart by any mix of whitespace and comment marks.
@@ -70,6 +72,7 @@ def test_lists_and_ranges_name_every_number():
     assert cited("RFC 7518 §3.2; design.md's sections") == []
 
 
+@pytest.mark.process  # `git ls-files`
 def test_every_folder_is_scanned():
     folders = {path.relative_to(ROOT).parts[0] for path in project_files()}
     assert {"gateway", "adapters", "policies", "safety", "workers", "testkit"} <= folders
@@ -77,6 +80,7 @@ def test_every_folder_is_scanned():
     assert ".venv" not in folders
 
 
+@pytest.mark.process  # `git ls-files`
 def test_every_reference_resolves():
     known = sections()
     refs = references()

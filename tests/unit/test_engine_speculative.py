@@ -88,6 +88,7 @@ def assert_no_leaks(engine: Engine) -> None:
     assert blocks.num_used == 0 and all(b.ref_count == 0 for b in blocks.blocks)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["tiny", "damped", "looping"])
 def test_greedy_with_speculation_equals_generate_token_for_token(request, kind) -> None:
     model, tokenizer = request.getfixturevalue(kind)

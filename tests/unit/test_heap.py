@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 # NOTE: run in a fresh interpreter, as a worker starts. glibc tunes its thresholds on what a
 # process freed before (freeing a large mmapped block raises the mmap and trim thresholds), so
 # after other tests `free` itself may already have trimmed the heap, and the measurement would
@@ -27,6 +29,7 @@ print(json.dumps({"trimmed": trimmed, "before": before, "after": rss_mib()}))
 """
 
 
+@pytest.mark.process
 def test_trimming_returns_freed_tensors_pages() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True, timeout=120

@@ -86,6 +86,7 @@ async def test_a_stream_repeat_after_the_run_is_gone_carries_the_same_content(
     assert again[-1].data == "[DONE]"
 
 
+@pytest.mark.slow
 async def test_a_repeat_of_a_cancelled_run_ends_as_it_ended(aiohttp_client, store_settings):
     def slow(request):
         return [TextDelta("a"), 5.0, TextDelta("b")]

@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from policies.auth import Authenticator
 from policies.tenants import load_tenants
+
+pytestmark = pytest.mark.process  # each test runs `sluice keys`
 
 
 def sluice_keys(*args: str, cwd: Path, env: dict[str, str] | None = None):

@@ -4,6 +4,7 @@ real Redis Stream."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -50,26 +51,37 @@ def make_record(
     )
 
 
-@pytest.fixture
-async def redis_prefix():
+@contextlib.asynccontextmanager
+async def scratch_redis():
+    """A real Redis client and a key prefix of this test's own, removed afterwards."""
     client = Redis.from_url(REDIS_URL)
     prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield client, prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    try:
+        yield client, prefix
+    finally:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.fixture
+async def redis_prefix():
+    async with scratch_redis() as scratch:
+        yield scratch
 
 
 @pytest.fixture(params=["jsonl", "redis"])
-async def ledger(request, tmp_path, redis_prefix):
-    if request.param == "jsonl":
+async def ledger(request, tmp_path):
+    if request.param == "jsonl":  # no Redis at all: it runs in the fast tier
         led = JsonlLedger(tmp_path / "usage.jsonl")
-    else:
-        client, prefix = redis_prefix
+        yield led
+        await led.close()
+        return
+    async with scratch_redis() as (client, prefix):
         led = RedisLedger(client, prefix=prefix)
-    yield led
-    await led.close()
+        yield led
+        await led.close()
 
 
 async def read_all(ledger, **kw) -> list[UsageRecord]:
@@ -282,6 +294,7 @@ EXPECTED = [
 ]
 
 
+@pytest.mark.process
 def test_usage_cli_prints_totals_from_a_jsonl_file(tmp_path):
     path = tmp_path / "usage.jsonl"
     path.write_bytes(b"".join(r.to_json() + b"\n" for r in recent_records()))
@@ -292,6 +305,7 @@ def test_usage_cli_prints_totals_from_a_jsonl_file(tmp_path):
     assert table_rows(done.stdout) == [EXPECTED[0], EXPECTED[2]]
 
 
+@pytest.mark.process
 async def test_usage_cli_prints_totals_from_a_redis_ledger(redis_prefix, tmp_path):
     client, prefix = redis_prefix
     led = RedisLedger(client, prefix=prefix)
@@ -308,6 +322,7 @@ async def test_usage_cli_prints_totals_from_a_redis_ledger(redis_prefix, tmp_pat
     assert table_rows(done.stdout)[1] == acme
 
 
+@pytest.mark.process
 def test_usage_cli_refuses_a_bad_since_and_names_it():
     done = sluice_usage("--since", "yesterday")
     assert done.returncode == 2

@@ -48,6 +48,7 @@ def writes(monkeypatch) -> list[int]:
     return seen
 
 
+@pytest.mark.redis
 async def test_commands_of_one_turn_leave_in_one_write_each_with_its_own_reply(shared, writes):
     client, prefix = shared
     redis = client.redis
@@ -70,6 +71,7 @@ async def test_commands_of_one_turn_leave_in_one_write_each_with_its_own_reply(s
     assert len(writes) == 1
 
 
+@pytest.mark.redis
 async def test_scripts_called_together_load_themselves_once_redis_asks(shared):
     client, prefix = shared
     # a script text of this test's own: Redis has never seen it, so the first calls get
@@ -95,6 +97,8 @@ async def test_a_redis_out_of_reach_fails_every_command_of_the_batch():
         await client.close()
 
 
+@pytest.mark.process
+@pytest.mark.redis
 async def test_a_connection_left_stale_by_a_restart_costs_no_command(tmp_path):
     server = PrivateRedis(tmp_path)
     server.start()

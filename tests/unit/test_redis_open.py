@@ -17,6 +17,8 @@ from gateway.state.run_store_redis import RedisRunStore
 from policies.idempotency import RedisIdempotencyStore
 from policies.quotas import QuotaExceeded, QuotaLimits, QuotaRequest
 
+pytestmark = pytest.mark.redis
+
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ONE_AT_A_TIME = QuotaLimits(rpm=10, max_concurrent=1)
 

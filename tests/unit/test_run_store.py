@@ -4,6 +4,7 @@ woken by appends. Every backend runs the same table: in-process, and a real Redi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 
@@ -28,29 +29,37 @@ from tests.support.redis_server import PrivateRedis
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-@pytest.fixture
-async def redis_space():
+@contextlib.asynccontextmanager
+async def scratch_redis():
     """A real Redis client and a key prefix of this test's own, removed afterwards."""
     client = Redis.from_url(REDIS_URL)
     prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    yield client, prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    try:
+        yield client, prefix
+    finally:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.fixture
+async def redis_space():
+    async with scratch_redis() as space:
+        yield space
 
 
 @pytest.fixture(params=["memory", "redis", "mirrored"])
-async def store(request, redis_space):
-    if request.param == "memory":
+async def store(request):
+    if request.param == "memory":  # no Redis at all: it runs in the fast tier
         yield MemoryRunStore(max_events=5)
         return
-    client, prefix = redis_space
-    store = RedisRunStore(client, prefix=prefix, max_events=5)
-    if request.param == "mirrored":
-        store = MirroredRunStore(store)
-    yield store
-    await store.close()
+    async with scratch_redis() as (client, prefix):
+        store = RedisRunStore(client, prefix=prefix, max_events=5)
+        if request.param == "mirrored":
+            store = MirroredRunStore(store)
+        yield store
+        await store.close()
 
 
 def ev(*payloads: bytes) -> list[Chunk]:
@@ -218,6 +227,8 @@ async def test_the_owners_appends_reach_redis_in_order_and_before_its_ending(red
         await owner.close()
 
 
+@pytest.mark.process
+@pytest.mark.redis
 async def test_the_owners_writes_reach_a_redis_that_has_none_of_its_scripts(tmp_path):
     server = PrivateRedis(tmp_path)  # a fresh Redis: the write-behind's script is not loaded
     server.start()

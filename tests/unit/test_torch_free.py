@@ -6,6 +6,10 @@ by installing without torch; this catches it in the unit tier, before a wheel is
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process  # the import runs in a process of its own
+
 _PROBE = r"""
 import importlib, importlib.abc, pkgutil, sys
 
