@@ -7,8 +7,11 @@ gateway can frame and write it in one go.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 from adapters.events import Event
@@ -41,12 +44,40 @@ class BackendRejected(Exception):
 
 
 class BackendUnavailable(Exception):
-    """No capacity or no connection: the client may retry later."""
+    """No capacity or no connection: the client may retry later. `status`: the HTTP status the
+    backend answered (a 429, a 503), None when it was not reached; `upstream_retry_after`: the
+    seconds its own `retry-after` asked for, None when it sent none (a pool skips the member
+    until then)."""
 
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+    def __init__(
+        self,
+        message: str,
+        retry_after: float = 1.0,
+        *,
+        status: int | None = None,
+        upstream_retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.status = status
+        self.upstream_retry_after = upstream_retry_after
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a `retry-after` header (delay-seconds or an HTTP date); None when absent or
+    unreadable. `now`: the Unix time an HTTP date is counted from (default: the clock's)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 class BackendFailed(Exception):

@@ -25,6 +25,12 @@ class Catalog:
                 info = replace(info, created=now)
             self._routes.setdefault(info.id, (adapter, info))
 
+    async def add_alias(self, alias: Adapter) -> None:
+        """Route a model alias (adapters/fallback.py) like a model of its own; it is no backend
+        (`adapters` lists the backends: its targets are, and are probed as such)."""
+        for info in await alias.models():
+            self._routes[info.id] = (alias, replace(info, created=int(time.time())))
+
     def lookup(self, model: str) -> Adapter | None:
         route = self._routes.get(model)
         return route[0] if route else None

@@ -74,7 +74,11 @@ class ErrorEvent:
 
 @dataclass(slots=True)
 class Accepted:
-    """The upstream took the request (it validated it and queued it); nothing computed yet."""
+    """The upstream took the request (it validated it and queued it); nothing computed yet.
+    `model`: the model serving it where that is not the one asked for (a model alias's target,
+    adapters/fallback.py): the response names it."""
+
+    model: str | None = None
 
 
 @dataclass(slots=True)

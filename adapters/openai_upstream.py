@@ -13,9 +13,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.base import (
+    BackendFailed,
+    BackendRejected,
+    BackendUnavailable,
+    ModelInfo,
+    parse_retry_after,
+)
 from adapters.chat_chunks import chunk_events
-from adapters.events import Accepted, ErrorEvent, Event
+from adapters.events import Accepted, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
 
@@ -42,6 +48,9 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
         "top_p": request.top_p,
         "n": request.n,
     }
+    if request.continue_final_message:
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
     if request.stop:
         body["stop"] = request.stop
     if request.presence_penalty:
@@ -57,6 +66,10 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
 
 class OpenAIUpstreamAdapter:
     """Serves model `name` from the OpenAI-compatible API at `base_url` (ending in `/v1`)."""
+
+    # continues a run another member started from its text (vLLM's and SGLang's
+    # `continue_final_message`, which sluicegate's own chat route takes too)
+    continues_text = True
 
     def __init__(
         self,
@@ -124,17 +137,16 @@ class OpenAIUpstreamAdapter:
                 await _raise_for_status(resp)
             yield [Accepted()]
             splitter = SSEDataSplitter()
+            done = False
             while data := await resp.content.readany():  # b"" only at the end of the body
-                batch: list[Event] = []
-                for payload in splitter.feed(data):
-                    if payload == b"[DONE]":
-                        continue
-                    try:
-                        batch += chunk_events(orjson.loads(payload), request.n)
-                    except ValueError:  # orjson.JSONDecodeError and BadChunk both are
-                        batch.append(ErrorEvent("upstream_error", "The upstream sent a bad chunk."))
+                batch, ended, bad = _events_of(splitter.feed(data), request.n)
+                done = done or ended
                 if batch:
                     yield batch
+                if bad is not None:  # what came before it stays sent; the rest comes elsewhere
+                    raise BackendFailed("The upstream sent a malformed chunk.") from bad
+            if not done:  # cut short: what it sent stays sent, the rest must come elsewhere
+                raise BackendFailed("The upstream's stream ended without [DONE].")
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendFailed("The connection to the upstream model server was lost.") from exc
         finally:
@@ -151,6 +163,22 @@ class OpenAIUpstreamAdapter:
         return False
 
 
+def _events_of(payloads: list[bytes], n: int) -> tuple[list[Event], bool, ValueError | None]:
+    """The events of a read's SSE payloads up to the first malformed one; whether `[DONE]`
+    came; the malformed chunk's error, if one did."""
+    events: list[Event] = []
+    done = False
+    for payload in payloads:
+        if payload == b"[DONE]":
+            done = True
+            continue
+        try:
+            events += chunk_events(orjson.loads(payload), n)
+        except ValueError as exc:  # orjson.JSONDecodeError and BadChunk both are
+            return events, done, exc
+    return events, done, None
+
+
 async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
     try:
         error = orjson.loads(await resp.read()).get("error") or {}
@@ -163,7 +191,11 @@ async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
     if resp.status == 404:
         raise BackendRejected("The upstream model server does not serve this model.", "model", 404)
     if resp.status in (429, 503):
+        told = parse_retry_after(resp.headers.get("retry-after"))
         raise BackendUnavailable(
-            "The upstream model server is overloaded.", float(resp.headers.get("retry-after", 1))
+            "The upstream model server is overloaded.",
+            1.0 if told is None else told,
+            status=resp.status,
+            upstream_retry_after=told,
         )
     raise BackendFailed(f"upstream answered HTTP {resp.status}")

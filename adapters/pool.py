@@ -7,12 +7,17 @@ it best, and a dead or hung member costs the client nothing it can see.
   step counter shows a hung engine (adapters/pool_members.py). A member that stalls, or misses
   `EVICT_AFTER_PROBES` probes in a row, has its streams moved elsewhere; one that stalls, or
   answers no probe at all for `stall_timeout`, is reported hung (`on_stall`: a local worker is
-  restarted).
+  restarted). A local worker whose process exits is out at once (`member_exited`, told by its
+  supervisor), and `restarting` until a probe finds the new process serving.
 - Failover: a request whose member fails before the first event (unreachable, 503, a broken
   connection) goes to the next member; a refusal (a 400) is the request's own fault and is not
   retried. A run whose member dies or is taken out mid-stream continues on another member from
   the exact token (adapters/pool_continuation.py); a run that cannot be continued ends with a
   `worker_failed` error event, never a hang.
+- Breakers and the retry budget: each member has a circuit breaker (adapters/breaker.py) that
+  takes it out of routing when its requests keep failing; a retry before the first event asks
+  the gateway's retry budget first (adapters/retry_budget.py) and waits a jittered backoff. A
+  retry the budget refuses ends the request with its own error, as if no other member were left.
 """
 
 from __future__ import annotations
@@ -27,15 +32,20 @@ from typing import Any
 import structlog
 
 from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.breaker import Breaker, BreakerPolicy
 from adapters.events import ErrorEvent, Event
 from adapters.pool_continuation import RunProgress
 from adapters.pool_members import EVICT_AFTER_PROBES, Lease, Member, MemberLost, Probe
 from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
+from adapters.retry_budget import RetryBudget, retry_reason
 
 log = structlog.get_logger("sluice.pool")
 RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
 MIGRATION_WAIT = 30.0  # seconds a run waits for a member able to continue it (a restart)
+# a request every other member of which asked to wait (429/503 retry-after) waits this long at
+# most for the first of them, rather than fail while they are about to take work again
+RETRY_AFTER_WAIT = 5.0
 
 
 def member_names(adapters: Sequence[Adapter]) -> list[str]:
@@ -70,27 +80,40 @@ class PoolAdapter:
         probe_timeout: float = 0.8,
         migration_wait: float = MIGRATION_WAIT,
         on_stall: Callable[[str], Any] | None = None,
+        crash_looping: Callable[[str], bool] | None = None,
+        breaker: BreakerPolicy | None = None,
+        retry_budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`members` are started and closed by their owner, not by the pool (one adapter may
         serve several models, so be a member of several pools). `model`: the model id this pool
         serves (None: the first member's). `on_stall(member_name)`: a member is hung, its engine
         stalled with work or it answered no probe for `stall_timeout` (a local one can be
-        restarted)."""
+        restarted). `crash_looping(member_name)`: its supervisor's word that a member that
+        exited keeps exiting, so it is not worth waiting for. `breaker`: when the members'
+        circuit breakers open (the defaults: 5 failures in a row, or half of 10 or more in 10 s).
+        `retry_budget`: the gateway's, shared by its pools (None: one of this pool's own)."""
         if not members:
             raise ValueError("a pool needs at least one member")
         self.name = name
         self.model = model
-        self.members = [Member(a, n) for a, n in zip(members, member_names(members), strict=True)]
+        self.members = [
+            Member(a, n, breaker=Breaker(n, breaker))
+            for a, n in zip(members, member_names(members), strict=True)
+        ]
+        self.budget = retry_budget or RetryBudget(clock=clock)
         self.router = Router(routing)
         self.stall_timeout = stall_timeout
         self.probe_timeout = probe_timeout
         self.migration_wait = migration_wait
         self.on_stall = on_stall
+        self.crash_looping = crash_looping
         self.clock = clock
         self.migrations: Counter[str] = Counter()  # outcome → runs
         self._serving: dict[str, tuple[Lease, RunProgress]] = {}  # live request id → its stream
         self._changed = asyncio.Event()  # set when a probe finds a member back
+        self._exited: set[str] = set()  # members whose process exited, not probed ready since
+        self._exits: Counter[str] = Counter()  # member → exits its supervisor told of
 
     async def start(self) -> None:
         await self.ready()
@@ -128,9 +151,14 @@ class PoolAdapter:
 
     async def ready(self) -> bool:
         """Probe every member; whether any can take work."""
+        exits = self._exits.copy()
         results = await asyncio.gather(*(self._probe(m) for m in self.members))
         now = self.clock()
         for member, probe in zip(self.members, results, strict=True):
+            if self._exits[member.name] != exits[member.name]:
+                continue  # NOTE: it exited while probed: the answer may be the dead process's
+            if probe.ok:
+                self._exited.discard(member.name)
             was = member.usable(now)
             if hung := member.probed(probe, now, self.stall_timeout):
                 log.error("pool member hung", member=member.name, why=hung, steps=member.steps)
@@ -145,7 +173,8 @@ class PoolAdapter:
                 )
                 if not was:
                     self._changed.set()
-        return any(m.usable(now) for m in self.members)
+        self._changed.set()  # NOTE: waiting runs look again (a cooldown ended, a suspect passed)
+        return any(m.available(now) for m in self.members)
 
     async def _probe(self, member: Member) -> Probe:
         stats_of = getattr(member.adapter, "stats", None)
@@ -160,36 +189,65 @@ class PoolAdapter:
 
     def member_exited(self, name: str) -> None:
         """The member's process is gone (its supervisor saw it exit): out of routing now, not at
-        the next probe, until a probe finds it ready again (a restart still loading is not)."""
+        the next probe, until a probe finds it ready again (a restart still loading is not);
+        `restarting` meanwhile, unless its supervisor says it crash loops."""
         for member in self.members:
             if member.name == name:
                 member.healthy = False
+                self._exited.add(name)
+                self._exits[name] += 1
+
+    def can_serve(self) -> bool:
+        """Whether a member can take work now, as the last probes and exits left them (no
+        probe: the gateway's readiness is recomputed with it the moment a member exits)."""
+        now = self.clock()
+        return any(m.available(now) for m in self.members)
+
+    def restarting(self) -> list[str]:
+        """The members out because their process exited, whose supervisor is bringing them back
+        (not crash looping): a request that finds no usable member may wait for them."""
+        looping = self.crash_looping
+        return [
+            m.name
+            for m in self.members
+            if m.name in self._exited and (looping is None or not looping(m.name))
+        ]
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return [m.snapshot() for m in self.members]
+        now = self.clock()
+        return [m.snapshot(now) for m in self.members]
 
     # -- routing ---------------------------------------------------------------------------------
 
-    def choose(self, request: ChatRequest, tried: set[int], continuing: bool = False) -> int | None:
-        """The index of the member to send `request` to, or None when none is left. A
-        continuation goes only to members that can continue a run (our own workers)."""
+    def choose(
+        self, request: ChatRequest, tried: set[int], run: RunProgress | None = None
+    ) -> int | None:
+        """The index of the member to send `request` to, or None when none is left. A run
+        already generating goes only to members that can continue it (RunProgress)."""
+        usable = self._usable(request, tried, run)
+        return None if not usable else self.router.choose(self.members, usable, request)
+
+    def _usable(
+        self, request: ChatRequest, tried: set[int], run: RunProgress | None = None
+    ) -> list[int]:
+        """The members `choose` picks among (asking routes nothing). A run waiting for a member
+        does not go back to one a request just failed on (`suspect`) before a probe passes."""
         now = self.clock()
-        usable = [
+        return [
             i
             for i, m in enumerate(self.members)
             if i not in tried
             and m.usable(now)
             and m.adapter.unsupported_param(request) is None
-            and (not continuing or getattr(m.adapter, "continues_runs", False))
+            and (run is None or (run.can_continue_on(m.adapter) and not m.suspect))
         ]
-        return None if not usable else self.router.choose(self.members, usable, request)
 
     async def _member_for_continuation(self, run: RunProgress) -> int | None:
         """A member to continue the run on, waiting up to `migration_wait` for one to come back
         (a restarted worker); None when none did."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.migration_wait
-        while (index := self.choose(run.request, set(), continuing=run.generated)) is None:
+        while (index := self.choose(run.original, set(), run)) is None:
             left = deadline - loop.time()
             if left <= 0:
                 return None
@@ -204,10 +262,11 @@ class PoolAdapter:
     # -- streaming -------------------------------------------------------------------------------
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
+        self.budget.requested(request_id)
         run = RunProgress(request)
         tried: set[int] = set()
         last: Exception = BackendUnavailable("No member of the pool can serve this model now.")
-        index = self.choose(request, tried)
+        index = await self._member_for(request, run, tried)
         while index is not None:
             tried.add(index)
             member = self.members[index]
@@ -216,11 +275,9 @@ class PoolAdapter:
                     yield batch
                 return
             except RETRIED as exc:
-                member.failed(self.clock())
                 last = exc
                 if not run.started:
-                    log.warning("pool member failed a request", member=member.name, retry=True)
-                    index = self.choose(request, tried)
+                    index = await self._retry(run, tried, member, exc)
                     continue
                 if run.aborting:
                     raise  # the run is ending anyway: its driver reads no more
@@ -236,11 +293,59 @@ class PoolAdapter:
                 self.migrations["failed"] += 1  # the continuation was refused
                 yield [worker_failed()]
                 return
+        if isinstance(last, MemberLost):  # taken out before its first event: the member failed
+            raise BackendFailed("The model worker stopped answering.") from last
         raise last
+
+    async def _member_for(
+        self, request: ChatRequest, run: RunProgress, tried: set[int]
+    ) -> int | None:
+        """The next member for a run not yet started. When none is usable but one is restarting
+        (its process died a moment ago), the first back within `migration_wait`: the run waits
+        `queued` for it, bound by its queue deadline too, rather than fail (design §11)."""
+        index = self.choose(request, tried)
+        if index is None and self.restarting():
+            index = await self._member_for_continuation(run)
+        return index
+
+    async def _retry(
+        self, run: RunProgress, tried: set[int], failed: Member, exc: Exception
+    ) -> int | None:
+        """The member to send a run that failed on `failed` before its first event to next,
+        after a backoff; None when no other is left, or the retry budget refuses one (the run
+        then fails with `exc`, as with no other member)."""
+        resting: set[int] = set()
+        if not self._usable(run.original, tried) and not self.restarting():
+            resting = self._resting()
+            if not resting:
+                log.warning("pool member failed a request", member=failed.name, retry=False)
+                return None
+        reason = retry_reason(exc)
+        if not self.budget.allow(reason):
+            log.warning("retry refused by the budget", member=failed.name, pool=self.name)
+            return None
+        log.warning("pool member failed a request", member=failed.name, retry=True, why=reason)
+        wait = self.budget.backoff(len(tried))
+        if resting:  # only members resting on a retry-after are left: the first back takes it
+            wait = max(wait, min(self.members[i].rest_until for i in resting) - self.clock())
+            tried -= resting
+        await asyncio.sleep(wait)
+        return await self._member_for(run.original, run, tried)
+
+    def _resting(self) -> set[int]:
+        """Members out of routing only for a retry-after that ends within RETRY_AFTER_WAIT."""
+        now = self.clock()
+        return {
+            i
+            for i, m in enumerate(self.members)
+            if now < m.rest_until <= now + RETRY_AFTER_WAIT and m.healthy and not m.stalled
+        }
 
     async def _migrate(self, run: RunProgress, failed: Member) -> int | None:
         """The member that continues the run cut on `failed`; None, counted, when none can."""
         outcome = run.why_not_continued()
+        if outcome is None and not any(run.can_continue_on(m.adapter) for m in self.members):
+            outcome = "not_continuable"  # no member of this pool could ever take it
         index = None if outcome else await self._member_for_continuation(run)
         if index is None:
             self.migrations[outcome or "failed"] += 1
@@ -252,7 +357,7 @@ class PoolAdapter:
             "continuing run on another member",
             member=failed.name,
             to=self.members[index].name,
-            tokens=len(run.ids),
+            tokens=run.tokens,
         )
         return index
 
@@ -260,21 +365,29 @@ class PoolAdapter:
         self, member: Member, run: RunProgress, request_id: str
     ) -> AsyncIterator[list[Event]]:
         """One member's stream of the run, while this member has it."""
-        lease = member.lease()
+        lease = member.lease(self.clock())
         self._serving[request_id] = (lease, run)
         counted = not run.migrating
+        request = run.begin_on(member.adapter)
         try:
-            async with aclosing(member.adapter.stream(run.request, request_id)) as events:
+            async with aclosing(member.adapter.stream(request, request_id)) as events:
                 while True:
+                    # NOTE: a member without stats (an OpenAI-compatible server) shows no
+                    # stalled engine; one silent for the stall timeout mid-stream has failed
+                    quiet = self.stall_timeout if run.generated and not member.reported else None
                     try:
-                        batch = await lease.read(events)
+                        batch = await lease.read(events, quiet)
                     except StopAsyncIteration:
                         return
+                    member.served(lease, batch, self.clock())
                     if not counted:
                         counted = True
                         self.migrations["continued"] += 1
                     if batch := run.passed(batch):
                         yield batch
+        except RETRIED as exc:
+            member.failed(self.clock(), lease, exc)  # its breaker counts it
+            raise
         finally:
             member.release(lease)
             if self._serving.get(request_id, (None,))[0] is lease:

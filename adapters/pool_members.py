@@ -10,8 +10,15 @@ still say 200): it is ejected until its steps move again, and its owner (the sup
 local worker) is told so it can restart it. So is a member that answers no probe at all for
 `stall_timeout` (SIGSTOPped, wedged): it sends no stats, so its steps cannot tell.
 
+A request that fails on a member does not take it out by itself: its circuit breaker
+(adapters/breaker.py) counts the outcomes of its requests (a failure: unreachable, a 5xx, a 429,
+a broken, malformed or stalled stream, an error it reports in-band; a success: its first output),
+and opens on failures in a row or a high error rate; open, it is out of routing until its
+cooldown ends, then one request probes it. A member that answered 429 or 503 with `retry-after`
+is skipped until then (at most `MAX_REST`), whatever its probes say.
+
 Ejections are counted as events, a member going from in routing to out of it, by reason
-(`EJECTION_REASONS`); a member already out that fails again is not ejected again.
+(`EJECTION_REASONS`; `failure`: its breaker opened); a member already out is not ejected again.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.base import Adapter
+from adapters.base import Adapter, BackendUnavailable
+from adapters.breaker import Breaker, BreakerState
+from adapters.events import Accepted, Admitted, ErrorEvent, Event
 from adapters.worker_client import engine_slots
 
-EJECT_FOR = 5.0  # seconds a member that failed a request sits out (a passing probe ends it early)
+MAX_REST = 60.0  # seconds at most that a member's own retry-after keeps it out
+# in-band errors that are the member's failure, not the request's (a worker's, an upstream's)
+MEMBER_FAULTS = frozenset({"worker_error", "upstream_error"})
 EVICT_AFTER_PROBES = 3  # a member silent for this many probes in a row has its streams moved
 # why a member was taken out of routing: it failed or did not answer its probe; its engine
-# stalled with work; a request failed on it
+# stalled with work; its breaker opened on failed requests
 EJECTION_REASONS = ("probe", "stall", "failure")
 
 
@@ -47,25 +58,29 @@ class MemberLost(Exception):
 class Lease:
     """One request streaming from one member: the pool can interrupt its read to move it."""
 
-    __slots__ = ("_reading", "evicted", "member", "report")
+    __slots__ = ("_reading", "evicted", "faulted", "judged", "member", "probe", "report")
 
-    def __init__(self, member: Member, report: int) -> None:
+    def __init__(self, member: Member, report: int, probe: bool = False) -> None:
         self.member = member
         self.report = report  # the member's reports before it: later ones count this request
         self.evicted = False
+        self.probe = probe  # the request its half-open breaker let through
+        self.judged = False  # an outcome (success or failure) was counted for its breaker
+        self.faulted = False  # a failure was (one per request)
         self._reading: asyncio.Timeout | None = None
 
-    async def read(self, events: Any) -> Any:
+    async def read(self, events: Any, quiet: float | None = None) -> Any:
         """The member's next batch; MemberLost when the member was taken out, also while
-        waiting on it. StopAsyncIteration at the end, as `anext`."""
+        waiting on it, or sent nothing for `quiet` seconds. StopAsyncIteration at the end, as
+        `anext`."""
         if self.evicted:
             raise MemberLost(self.member.name)
         try:
-            async with asyncio.timeout(None) as reading:
+            async with asyncio.timeout(quiet) as reading:
                 self._reading = reading
                 return await anext(events)
         except TimeoutError:
-            if self.evicted:
+            if self.evicted or quiet is not None:
                 raise MemberLost(self.member.name) from None
             raise
         finally:
@@ -83,7 +98,8 @@ class Member:
     adapter: Adapter
     name: str = ""  # in metrics and logs, unique in its pool (the adapter's name by default)
     healthy: bool = True  # its last probe passed (none yet: taken to be up)
-    ejected_until: float = 0.0  # failed a request: not routed to until then
+    rest_until: float = 0.0  # it answered 429/503 with retry-after: not routed to until then
+    suspect: bool = False  # a request failed on it since its last passing probe or success
     stalled: bool = False  # had work and did not step for the stall timeout
     load: int = 0  # waiting + running, as it last reported
     reported: bool = False  # it reports stats (our workers); else `in_flight` is its load
@@ -105,12 +121,25 @@ class Member:
     failures_total: int = 0
     ejections: Counter[str] = field(default_factory=Counter)  # reason → times taken out
     stalls_total: int = 0
+    breaker: Breaker = field(default_factory=Breaker)  # what its requests did (design §6)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.adapter.name
+        self.breaker.name = self.name
 
     def usable(self, now: float) -> bool:
-        return self.healthy and not self.stalled and now >= self.ejected_until
+        """Whether a request may be routed to it now."""
+        return (
+            self.healthy
+            and not self.stalled
+            and now >= self.rest_until
+            and self.breaker.allows(now)
+        )
+
+    def available(self, now: float) -> bool:
+        """Whether it counts as serving, for readiness: up, and its breaker not open (half-open
+        with its probe out still serves; so does one resting on a retry-after)."""
+        return self.healthy and not self.stalled and self.breaker.state(now) < BreakerState.OPEN
 
     @property
     def in_flight(self) -> int:
@@ -128,19 +157,22 @@ class Member:
     def score(self) -> int:
         return self.load + self.routed if self.reported else self.in_flight
 
-    def lease(self) -> Lease:
+    def lease(self, now: float) -> Lease:
         """A request (or a run's continuation) streams from this member from now on."""
         self.routed += 1
         self.requests_total += 1
-        lease = Lease(self, self.reports)
+        lease = Lease(self, self.reports, self.breaker.admit(now))
         self.leases.add(lease)
         return lease
 
     def release(self, lease: Lease) -> None:
-        """Its stream ended: no longer load, unless a report since counts it already."""
+        """Its stream ended: no longer load, unless a report since counts it already; a probe
+        that ended with no outcome (a refusal, its client gone) lets the next request probe."""
         self.leases.discard(lease)
         if lease.report == self.reports:
             self.routed -= 1
+        if lease.probe and not lease.judged:
+            self.breaker.release()
 
     def evict_all(self) -> int:
         """Move every request streaming from this member elsewhere; how many there were."""
@@ -148,12 +180,35 @@ class Member:
             lease.evict()
         return len(self.leases)
 
-    def failed(self, now: float) -> None:
-        """A request failed here: sit out, so the next goes elsewhere."""
+    def served(self, lease: Lease, batch: list[Event], now: float) -> None:
+        """What a batch of the request says of the member: its first output (past `start` and
+        `admitted`) is a success; an error it reports in-band (MEMBER_FAULTS) a failure."""
+        for event in batch:
+            kind = type(event)
+            if kind is ErrorEvent and event.code in MEMBER_FAULTS:
+                self.failed(now, lease)
+                return
+            if not lease.judged and kind is not Accepted and kind is not Admitted:
+                lease.judged = True
+                self.suspect = False
+                self.breaker.succeeded(now, lease.probe)
+
+    def failed(self, now: float, lease: Lease | None = None, exc: Exception | None = None) -> None:
+        """A request failed here (once per request): counted, and by its breaker, which may
+        take the member out; a retry-after it answered with keeps it out until then."""
+        if lease is not None:
+            if lease.faulted:
+                return
+            probe = lease.probe and not lease.judged
+            lease.faulted = lease.judged = True
+        else:
+            probe = False
         self.failures_total += 1
-        if self.usable(now):
+        self.suspect = True
+        if isinstance(exc, BackendUnavailable) and exc.upstream_retry_after is not None:
+            self.rest_until = max(self.rest_until, now + min(exc.upstream_retry_after, MAX_REST))
+        if self.breaker.failed(now, probe) and self.healthy and not self.stalled:
             self.ejections["failure"] += 1
-        self.ejected_until = now + EJECT_FOR
 
     def probed(self, probe: Probe, now: float, stall_timeout: float) -> str | None:
         """A probe's result. `stall` or `silent` when this probe found the member newly hung
@@ -171,8 +226,7 @@ class Member:
         """Health and silence from the probe; `silent` when it newly went unanswered too long."""
         self.healthy = probe.ok
         self.silent_probes = 0 if probe.ok else self.silent_probes + 1
-        if probe.ok and now < self.ejected_until:
-            self.ejected_until = 0.0  # it answers again: back in
+        self.suspect = self.suspect and not probe.ok
         if probe.answered:
             self.unanswered_since, self.hung = None, False
             return None
@@ -213,10 +267,11 @@ class Member:
             return True
         return False
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, now: float) -> dict[str, Any]:
         return {
             "member": self.name,
             "healthy": self.healthy and not self.stalled,
+            "breaker": self.breaker.state(now).label,
             "in_flight": self.in_flight,
             "load": self.score(),
             "requests": self.requests_total,

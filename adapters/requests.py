@@ -52,6 +52,9 @@ class ChatRequest:
     user: str | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None  # as asked: auto, default, flex, priority (None: auto)
+    # the last message is the assistant's, to be continued rather than answered (vLLM's and
+    # SGLang's extension; the pool sets it to continue a run on another OpenAI-compatible member)
+    continue_final_message: bool = False
     # set by the gateway, never by a client: the tenant (a digest), its weight and the tier
     # served, which fair sharing schedules by (design §12)
     share: Share | None = None

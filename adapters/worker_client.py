@@ -18,7 +18,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from adapters.base import BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.base import (
+    BackendFailed,
+    BackendRejected,
+    BackendUnavailable,
+    ModelInfo,
+    parse_retry_after,
+)
 from adapters.events import (
     Aborted,
     Accepted,
@@ -87,6 +93,7 @@ def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
         request.continuation,
         request.shared_system_prompt,
         request.share,
+        request.continue_final_message,
     )
 
 
@@ -128,6 +135,7 @@ class WorkerAdapter:
     """One `sluice worker` reached at `base_url`."""
 
     continues_runs = True  # takes a `continuation` (a run another worker started): a pool's cue
+    continues_text = True  # takes `continue_final_message` (a run an upstream started)
 
     def __init__(self, base_url: str, name: str = "worker") -> None:
         self.name = name
@@ -261,7 +269,11 @@ async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:
     if resp.status == 413:
         raise BackendRejected("The request body is too large.", None, status=413)
     if resp.status == 503:
+        told = parse_retry_after(resp.headers.get("retry-after"))
         raise BackendUnavailable(
-            "The model worker is busy.", float(resp.headers.get("retry-after", 1))
+            "The model worker is busy.",
+            1.0 if told is None else told,
+            status=503,
+            upstream_retry_after=told,
         )
     raise BackendFailed(f"worker answered HTTP {resp.status}")

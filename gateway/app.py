@@ -12,6 +12,7 @@ from aiohttp import web
 from adapters.base import Adapter
 from adapters.catalog import Catalog
 from adapters.pool import PoolAdapter
+from adapters.retry_budget import RetryBudget
 from common import aiohttp_internals
 from gateway.app_keys import (
     AUTH,
@@ -21,12 +22,14 @@ from gateway.app_keys import (
     HEALTH,
     METRICS,
     OPEN_STREAMS,
+    RETRY_BUDGET,
     RUNS,
     SETTINGS,
 )
+from gateway.backends.aliases import alias_adapters
 from gateway.backends.from_settings import local_workers, member_adapters, routed_backends
 from gateway.backends.health import BackendHealth
-from gateway.backends.pool_metrics import PoolCollector
+from gateway.backends.pool_metrics import PoolCollector, RetryCollector
 from gateway.backends.supervisor import Supervisor
 from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.handlers.chat import create_chat_completion
@@ -45,7 +48,12 @@ from gateway.handlers.runs import cancel_chat_completion, retrieve_chat_completi
 from gateway.http.cors import add_cors_headers, preflight
 from gateway.http.drain import SETTLE_MARGIN, Drain
 from gateway.http.follow_access import follow_tokens_ctx
-from gateway.http.middlewares import add_request_id, authenticate, request_context
+from gateway.http.middlewares import (
+    add_request_id,
+    add_route_header,
+    authenticate,
+    request_context,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.runs.flow_control import Flows
 from gateway.settings import Settings
@@ -78,17 +86,20 @@ def _backends(adapters: list[Adapter] | None):
                 await adapter.start()
                 started.append(adapter)
             if routed is None:
-                local = {w.name for w in supervisor.workers} if supervisor else set()
-                routed = await routed_backends(settings, started, local, supervisor)
+                routed = await routed_backends(settings, started, supervisor, app[RETRY_BUDGET])
             for adapter in routed:
                 if adapter not in started:
                     await adapter.start()  # a pool: its first probe of the members
                 await app[CATALOG].add(adapter)
+            await _add_aliases(app)
             pools = [a for a in routed if isinstance(a, PoolAdapter)]
             if pools:
                 app[METRICS].registry.register(PoolCollector(pools))
             health = app[HEALTH] = BackendHealth(app[CATALOG].adapters)
             await health.start()
+            if supervisor is not None:  # after the pools' own (routed_backends): they go first
+                supervisor.exit_listeners.append(health.member_exited)
+                supervisor.restart_listeners.append(health.member_restarted)
             log.info("backends ready", models=[m.id for m in app[CATALOG].models()])
             yield
         finally:
@@ -101,6 +112,21 @@ def _backends(adapters: list[Adapter] | None):
                 await supervisor.stop()
 
     return ctx
+
+
+async def _add_aliases(app: web.Application) -> None:
+    """The config file's model aliases, over the backends the catalog routes (design §6); a
+    ConfigError when one names a model nobody serves, or takes a served model's name."""
+    metrics = app[METRICS]
+    aliases = alias_adapters(
+        app[SETTINGS].aliases(),
+        app[CATALOG],
+        budget=app[RETRY_BUDGET],
+        on_outcome=lambda alias, outcome: metrics.fallbacks.labels(alias, outcome).inc(),
+    )
+    for alias in aliases:
+        await app[CATALOG].add_alias(alias)
+    metrics.know_aliases(a.alias.name for a in aliases)
 
 
 async def _drain_then_close_streams(app: web.Application) -> None:
@@ -123,6 +149,8 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     )
     app[SETTINGS] = settings
     app[METRICS] = GatewayMetrics()
+    app[RETRY_BUDGET] = RetryBudget(settings.retry_budget)
+    app[METRICS].registry.register(RetryCollector(app[RETRY_BUDGET]))
     app[AUTH] = build_authenticator(settings)
     app[METRICS].know_tenants(app[AUTH].config.tenants.values())
     app[FLOWS] = Flows(app[METRICS], enabled=settings.scheduling == "fair")
@@ -134,6 +162,7 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.cleanup_ctx.append(follow_tokens_ctx)  # its secret may come from Redis
     app.cleanup_ctx.append(watch_tenants_file)
     app.on_response_prepare.append(add_request_id)
+    app.on_response_prepare.append(add_route_header)
     app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(_drain_then_close_streams)
     app.router.add_post("/v1/chat/completions", create_chat_completion)

@@ -7,6 +7,8 @@ import weakref
 from aiohttp import web
 
 from adapters.catalog import Catalog
+from adapters.fallback_route import Route
+from adapters.retry_budget import RetryBudget
 from gateway.backends.health import BackendHealth
 from gateway.http.drain import Drain
 from gateway.http.follow_tokens import FollowTokens
@@ -39,6 +41,7 @@ DEFERRED = web.AppKey("deferred", DeferredWrites)
 DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining`
 FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)
 FLOWS = web.AppKey("flows", Flows)  # each backend's flow control (design §12)
+RETRY_BUDGET = web.AppKey("retry_budget", RetryBudget)  # the one shared by every pool (§6)
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -48,3 +51,4 @@ TENANT = web.RequestKey("tenant", Tenant)
 MODEL_LABEL = web.RequestKey("model_label", str)
 RATE_HEADERS = web.RequestKey("rate_headers", dict)  # x-ratelimit-* for this response
 FOLLOW_TOKEN = web.RequestKey("follow_token", str)  # the ?token= that authenticated it
+ROUTE = web.RequestKey("route", Route)  # a model alias's route (its x-sluice-route header)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 
+from adapters.fallback_route import OUTCOMES
 from policies.tenants import Tenant
 from wire.share import TIERS
 
@@ -202,8 +203,9 @@ class GatewayMetrics:
         self.safety = SafetyMeter(actions, hold)
 
     def _flow_metrics(self, r: CollectorRegistry) -> None:
-        """Fair sharing at work (design §12): queues, sheds, who got served. `tenant` is a
-        name the tenants file gives, so the labels stay bounded."""
+        """Fair sharing at work (design §12): queues, sheds, who got served; and where model
+        aliases sent their requests (design §6). `tenant` is a name the tenants file gives,
+        `alias` one the config file does, so the labels stay bounded."""
         self.queue_depth = Gauge(
             "sluice_flow_queue_depth",
             "Runs waiting for capacity in this replica's fair queues, by tenant and tier.",
@@ -215,6 +217,13 @@ class GatewayMetrics:
             "Time a run waited for capacity in this replica (0: dispatched at once).",
             ["tenant", "tier"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "sluice_fallbacks_total",
+            "Requests for a model alias by how its route ended: served_first (its first target "
+            "served), fell_back (a later one did), exhausted (none could).",
+            ["alias", "outcome"],
             registry=r,
         )
         self.shed = Counter(
@@ -246,6 +255,12 @@ class GatewayMetrics:
                 self.queue_depth.labels(tenant.name, tier)
         for tier in TIERS:
             self.shed.labels(tier)
+
+    def know_aliases(self, aliases: Iterable[str]) -> None:
+        """Export every model alias's series from the start (at 0)."""
+        for alias in aliases:
+            for outcome in OUTCOMES:
+                self.fallbacks.labels(alias, outcome)
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         """The gateway process: its local workers and what it holds in memory."""

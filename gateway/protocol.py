@@ -321,6 +321,30 @@ def _parse_service_tier(body: dict[str, Any]) -> str | None:
     return tier
 
 
+def _parse_continue_final(body: dict[str, Any], messages: list[Message]) -> bool:
+    """vLLM's and SGLang's extension: `continue_final_message: true` (with
+    `add_generation_prompt` false or absent) continues the last message, the assistant's."""
+    continue_final = bool(_expect(body, "continue_final_message", (bool,), "a boolean"))
+    generation_prompt = _expect(body, "add_generation_prompt", (bool,), "a boolean")
+    if continue_final and generation_prompt:
+        raise invalid_request(
+            "add_generation_prompt",
+            "'add_generation_prompt' must be false with 'continue_final_message'.",
+        )
+    if generation_prompt is False and not continue_final:
+        raise invalid_request(
+            "add_generation_prompt",
+            "'add_generation_prompt: false' is supported only with 'continue_final_message'.",
+        )
+    last = messages[-1]
+    if continue_final and (last.role != "assistant" or last.content is None or last.tool_calls):
+        raise invalid_request(
+            "continue_final_message",
+            "'continue_final_message' needs the last message to be the assistant's, with text.",
+        )
+    return continue_final
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate a decoded JSON body; raise `APIError` naming the first bad field."""
     if not isinstance(body, dict):
@@ -371,4 +395,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
         user=_expect(body, "user", (str,), "a string"),
         metadata=_parse_metadata(body),
         service_tier=_parse_service_tier(body),
+        continue_final_message=_parse_continue_final(body, messages),
     )

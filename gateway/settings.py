@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.fallback_route import Alias, parse_aliases
 from adapters.pool_routing import ROUTINGS
 from common.config import ConfigError, build, check_keys, config_file, describe, resolve, setting
 from common.worker_settings import (
@@ -73,6 +74,15 @@ class Settings:
             "(as --upstream NAME=URL#capacity=64)"
         },
     )
+    models: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": 'the config file\'s `[models."ALIAS"]` tables, model aliases: `targets = '
+            '["a", "b"]` (tried in order) or `[{model = "a", weight = 90}, …]` (weighted, '
+            "sticky per conversation), `first_token_timeout = 5` (seconds a target may take "
+            "to its first token before the next is tried); see docs/routing.md"
+        },
+    )
     # the engine settings handed to each local worker on its command line (the config file's
     # `[worker]` table, the engine flags, their variables); only those given, else the worker's
     # own defaults apply
@@ -120,6 +130,7 @@ class Settings:
     stall_timeout: float = 10.0  # a pool member with work and no engine step this long is hung
     shutdown_timeout: float = 30.0  # on SIGTERM, live runs get this long to finish
     pool_routing: str = "affinity"  # affinity | least_load | random (adapters/pool_routing.py)
+    retry_budget: float = 0.2  # retries: at most this share of requests over 10 s (design §6)
     # fair: saturated backends' runs wait in fair queues here, and local workers schedule by
     # tier and tenant; fcfs: runs go as they come (design §12)
     scheduling: str = "fair"
@@ -142,9 +153,12 @@ class Settings:
                 raise ValueError(
                     f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
                 )
+        if not 0 <= self.retry_budget <= 1:
+            raise ValueError(f"retry_budget must be between 0 and 1, not {self.retry_budget!r}")
         check_keys(self.worker, ENGINE_KEYS, "[worker]")
         WorkerConfig(**self.worker)  # raises ValueError on a value the worker would refuse
         self.upstream_specs()  # raises ValueError on a malformed upstream
+        self.aliases()  # raises ConfigError on a malformed alias (its targets: at start)
 
     @property
     def starts_local_workers(self) -> bool:
@@ -165,6 +179,12 @@ class Settings:
             inter_token=limit("inter_token_timeout", self.inter_token_timeout),
             total=limit("total_timeout", self.total_timeout),
         )
+
+    def aliases(self) -> list[Alias]:
+        """The config file's `[models."ALIAS"]` tables (adapters/fallback_route.py); whether
+        their targets are served is checked once the backends are up
+        (gateway/backends/aliases.py)."""
+        return parse_aliases(self.models)
 
     def upstream_specs(self) -> list[UpstreamSpec]:
         """`--upstream NAME=BASE_URL[#capacity=N]`, then the config file's `[upstreams.NAME]`

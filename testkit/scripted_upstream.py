@@ -11,7 +11,19 @@ hung up before the end. `first_token_ms` sets a first token's delay of its own (
 and `concurrency` serves that many streams at once, the rest waiting in arrival order as a
 server with a fixed batch makes them wait.
 
-Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`.
+The default text is a deterministic sequence, `tok0 tok1 …`, one token a chunk. A request whose
+last message is an open assistant message (`continue_final_message: true` with
+`add_generation_prompt: false`, vLLM's form) is continued from where that text ends, so a run
+cut after k tokens and continued here reads as one uninterrupted run; its usage counts the
+carried tokens in its prompt, as a real server's does.
+
+Chaos (testkit/upstream_faults.py): `faults` injects a fault of a random kind (a refused
+connection, a 500, a 429, a cut, a stall, a malformed chunk, no `[DONE]`) into a share of the
+default streams, `POST /_chaos/down?seconds=S` drops every request for a while, and
+`GET /_chaos/stats` counts the requests it got and the tokens it generated.
+
+Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`
+(`--faults 0.1 --seed 1` for faults; `--help` for the rest).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +40,36 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from testkit.upstream_faults import (
+    ANSWERED,
+    FAULT_KINDS,
+    OUTAGE,
+    STATS,
+    ChaosStats,
+    Close,
+    Faults,
+    Outage,
+    SiteListener,
+    answer,
+    down,
+    faulted,
+    outage_middleware,
+    stats,
+)
+
 Raw = list[bytes | float]
 Script = Raw | Callable[[dict[str, Any]], Raw]  # a function of the request body
+DEFAULT_TOKENS = 16  # a request without max_tokens ends here, counting a continued one's carry
+PROMPT_TOKENS = 7  # every prompt's usage, plus the tokens an open assistant message carries
+
+
+@dataclass(slots=True, frozen=True)
+class Tokens:
+    """A write of the default stream that carries `count` generated tokens (counted once
+    written)."""
+
+    data: bytes
+    count: int
 
 
 @dataclass
@@ -51,6 +92,9 @@ class UpstreamState:
     # arrival order, headers sent, no token yet (None: no limit)
     concurrency: int | None = None
     slots: asyncio.Semaphore | None = None
+    faults: Faults = field(default_factory=Faults)  # none unless its rate is set
+    outage: Outage = field(default_factory=Outage)
+    stats: ChaosStats = field(default_factory=ChaosStats)
 
 
 STATE = web.AppKey("state", UpstreamState)
@@ -107,36 +151,85 @@ def _logprobs(token: str, top: int) -> dict:
     return {"content": [entry(token, -0.5) | {"top_logprobs": alternatives}]}
 
 
-def token_script(
+def token_text(i: int) -> str:
+    """The default stream's token `i`."""
+    return f"tok{i} "
+
+
+def resume_point(text: str) -> tuple[int, str]:
+    """Where the default sequence goes on after `text`: the index of the next token, and what
+    is left of it when `text` ends inside it ("" when it does not). Text that leaves the
+    sequence goes on after the whole tokens it starts with."""
+    i = pos = 0
+    while text.startswith(token_text(i), pos):
+        pos += len(token_text(i))
+        i += 1
+    rest, word = text[pos:], token_text(i)
+    return (i, word[len(rest) :]) if rest and word.startswith(rest) else (i, "")
+
+
+def _continues(body: dict[str, Any]) -> bool:
+    """Whether the last message is an open assistant message to continue (vLLM's form)."""
+    messages = body.get("messages") or []
+    return bool(
+        body.get("continue_final_message") and messages and messages[-1].get("role") == "assistant"
+    )
+
+
+def completion_texts(body: dict[str, Any], limit: int | None) -> tuple[list[str], int]:
+    """The token texts a request of the default stream gets, and the tokens of the text it
+    continues (0 when it continues none): its `max_tokens` (else up to DEFAULT_TOKENS in all)
+    from where that text ends, within the server's own `limit`."""
+    start, lead = 0, ""
+    if _continues(body):
+        content = body["messages"][-1].get("content")
+        start, lead = resume_point(content if isinstance(content, str) else "")
+    tokens = int(body.get("max_tokens") or max(0, DEFAULT_TOKENS - start))
+    if limit is not None:
+        tokens = min(tokens, limit)
+    texts = [token_text(start + i) for i in range(tokens)]
+    if lead and texts:
+        texts[0] = lead
+    return texts, start + bool(lead)
+
+
+def token_parts(
     cid: str,
     model: str,
-    tokens: int,
+    texts: list[str],
     delay_s: float,
     n: int = 1,
     top_logprobs: int | None = None,
     first_s: float | None = None,
-) -> Raw:
-    """Role chunks, `tokens` one-token chunks per choice `delay_s` apart (the first `first_s`
-    after the role chunks, when given), finishes, usage, `[DONE]`; with `top_logprobs`, each
-    token chunk carries its logprobs.
-
-    Frames with no delay between them go out in one write, as a server that has several tokens
-    ready sends them; at zero delay the whole response is one write.
-    """
-    out: Raw = [
+    prompt: int = PROMPT_TOKENS,
+) -> tuple[list, list[list], list]:
+    """The default stream in three parts, which a fault can break apart: the role chunks; each
+    token's steps (its delay, then its chunk for every choice, `delay_s` apart and the first
+    `first_s` after the role chunks when given, with its logprobs when `top_logprobs` is);
+    finishes, usage and `[DONE]`."""
+    head = [
         sse(_chunk(cid, model, {"role": "assistant", "content": ""}, index=i)) for i in range(n)
     ]
-    for i in range(tokens):
+    steps = []
+    for i, text in enumerate(texts):
         delay = first_s if i == 0 and first_s is not None else delay_s
-        if delay:
-            out.append(delay)
-        for index in range(n):
-            text = f"tok{i} "
-            lp = None if top_logprobs is None else _logprobs(text, top_logprobs)
-            out.append(sse(_chunk(cid, model, {"content": text}, index=index, logprobs=lp)))
-    out += [sse(_chunk(cid, model, {}, "length", index=i)) for i in range(n)]
-    out += [_usage_chunk(cid, model, 7, tokens * n), b"data: [DONE]\n\n"]
-    return coalesce(out)
+        lp = None if top_logprobs is None else _logprobs(text, top_logprobs)
+        chunks = b"".join(
+            sse(_chunk(cid, model, {"content": text}, index=index, logprobs=lp))
+            for index in range(n)
+        )
+        steps.append([delay, Tokens(chunks, n)] if delay else [Tokens(chunks, n)])
+    tail = [sse(_chunk(cid, model, {}, "length", index=i)) for i in range(n)]
+    tail += [_usage_chunk(cid, model, prompt, len(texts) * n), b"data: [DONE]\n\n"]
+    return head, steps, tail
+
+
+def token_script(parts: tuple[list, list[list], list]) -> list:
+    """The default stream's parts (`token_parts`) as its writes. Frames with no delay between
+    them go out in one write, as a server that has several tokens ready sends them; at zero
+    delay the whole response is one write."""
+    head, steps, tail = parts
+    return coalesce([*head, *(s for step in steps for s in step), *tail])
 
 
 def _split(text: str, pieces: int) -> list[str]:
@@ -170,20 +263,28 @@ def tool_call_script(
     return out
 
 
-def coalesce(script: Raw) -> Raw:
-    """Join consecutive byte steps into one write."""
-    merged: Raw = []
+def coalesce(script: list) -> list:
+    """Join consecutive byte steps (and `Tokens`, whose counts add up) into one write."""
+    merged: list = []
     pending: list[bytes] = []
-    for step in script:
-        if isinstance(step, bytes):
-            pending.append(step)
-            continue
+    count = 0
+
+    def flush() -> None:
+        nonlocal count
         if pending:
-            merged.append(b"".join(pending))
-            pending = []
+            data = b"".join(pending)
+            merged.append(Tokens(data, count) if count else data)
+            pending.clear()
+            count = 0
+
+    for step in script:
+        if isinstance(step, bytes | Tokens):
+            pending.append(step if isinstance(step, bytes) else step.data)
+            count += 0 if isinstance(step, bytes) else step.count
+            continue
+        flush()
         merged.append(step)
-    if pending:
-        merged.append(b"".join(pending))
+    flush()
     return merged
 
 
@@ -192,46 +293,38 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
     record = Record(body, dict(request.headers))
     state.records.append(record)
+    state.stats.requests += 1
     model = body.get("model", "scripted")
     if model in state.status_for:
         status, payload = state.status_for[model]
         return web.json_response(payload, status=status)
-    tokens = int(body.get("max_tokens") or 16)
-    if state.max_tokens is not None:
-        tokens = min(tokens, state.max_tokens)
+    if body.get("continue_final_message") and (
+        body.get("add_generation_prompt", True) or not _continues(body)
+    ):
+        return _refused("continue_final_message")
+    texts, carried = completion_texts(body, state.max_tokens)
+    state.stats.continued += _continues(body)
+    prompt = PROMPT_TOKENS + carried
     delay_ms = float((body.get("metadata") or {}).get("delay_ms", state.delay_ms))
     cid = "chatcmpl-upstream"
     top = body.get("top_logprobs") if body.get("logprobs") else None
     script = state.scripts.get(model)
     if callable(script):
         script = script(body)
-    first = None if state.first_token_ms is None else state.first_token_ms / 1000
-    script = script or token_script(
-        cid, model, tokens, delay_ms / 1000, int(body.get("n") or 1), top, first
-    )
     if not body.get("stream"):
-        text = "".join(f"tok{i} " for i in range(tokens))
         record.finished = True
-        return web.json_response(
-            {
-                "id": cid,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "length",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": 7,
-                    "completion_tokens": tokens,
-                    "total_tokens": 7 + tokens,
-                },
-            }
-        )
+        state.stats.tokens += len(texts)
+        return _completion(cid, model, "".join(texts), prompt, len(texts))
+    first = None if state.first_token_ms is None else state.first_token_ms / 1000
+    n = int(body.get("n") or 1)
+    fault = None if script else state.faults.draw(len(texts))
+    if fault is not None:
+        state.stats.faults[fault.kind] += 1
+        if fault.kind in ANSWERED:
+            return answer(request, fault)
+    if not script:
+        parts = token_parts(cid, model, texts, delay_ms / 1000, n, top, first, prompt)
+        script = token_script(parts) if fault is None else faulted(*parts, fault, state.faults)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     try:
@@ -239,20 +332,69 @@ async def chat(request: web.Request) -> web.StreamResponse:
             if state.concurrency is not None:
                 state.slots = state.slots or asyncio.Semaphore(state.concurrency)
                 await slot.enter_async_context(state.slots)
-            await _play(resp, script)
-        record.finished = True
+            record.finished = await _play(request, resp, script, state)
     except (ConnectionError, asyncio.CancelledError):
         record.hung_up_at = time.monotonic()
         raise
     return resp
 
 
-async def _play(resp: web.StreamResponse, script: Raw) -> None:
+def _completion(cid: str, model: str, text: str, prompt: int, tokens: int) -> web.Response:
+    """A non-streaming answer."""
+    return web.json_response(
+        {
+            "id": cid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": tokens,
+                "total_tokens": prompt + tokens,
+            },
+        }
+    )
+
+
+def _refused(param: str) -> web.Response:
+    """A 400 naming `param`, as vLLM answers `continue_final_message` without an open
+    assistant message or with `add_generation_prompt`."""
+    error = {
+        "message": "continue_final_message needs add_generation_prompt: false and a final "
+        "assistant message",
+        "type": "invalid_request_error",
+        "param": param,
+        "code": None,
+    }
+    return web.json_response({"error": error}, status=400)
+
+
+async def _play(
+    request: web.Request, resp: web.StreamResponse, script: list, state: UpstreamState
+) -> bool:
+    """Write `script` out; whether it played to its end. A `Close` step cuts the connection
+    instead, and so does an outage begun meanwhile (at the next write: a server that went down
+    takes its streams with it). The tokens of each write count once it is written."""
     for step in script:
         if isinstance(step, float):
             await asyncio.sleep(step)
+        elif isinstance(step, Close) or state.outage.active:
+            if request.transport is not None:
+                request.transport.close()
+            return False
+        elif isinstance(step, Tokens):
+            await resp.write(step.data)
+            state.stats.tokens += step.count
         else:
             await resp.write(step)
+    return True
 
 
 async def models(request: web.Request) -> web.Response:
@@ -260,11 +402,32 @@ async def models(request: web.Request) -> web.Response:
 
 
 def make_app(state: UpstreamState | None = None) -> web.Application:
-    app = web.Application()
-    app[STATE] = state or UpstreamState()
+    app = web.Application(middlewares=[outage_middleware])
+    app[STATE] = state = state or UpstreamState()
+    app[OUTAGE] = state.outage
+    app[STATS] = state.stats
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/_chaos/stats", stats)
+    app.router.add_post("/_chaos/down", down)
     return app
+
+
+async def serve(state: UpstreamState, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, on a listener an outage can close (`how=refuse`)."""
+    runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    listener = SiteListener(runner, host, port)
+    await listener.open()
+    state.outage.listener = listener
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def main() -> None:
@@ -275,20 +438,27 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="end every completion at this many tokens")
     parser.add_argument("--first-token-ms", type=float, help="delay before the first token")
     parser.add_argument("--concurrency", type=int, help="streams served at once; others wait")
+    parser.add_argument(
+        "--faults", type=float, default=0.0, metavar="RATE", help="share of streams faulted"
+    )
+    parser.add_argument(
+        "--fault-kinds",
+        default=",".join(FAULT_KINDS),
+        help=f"the kinds drawn from, comma-separated (default: all of {','.join(FAULT_KINDS)})",
+    )
+    parser.add_argument("--seed", type=int, help="seeds which requests fail, and how")
+    parser.add_argument("--stall-s", type=float, default=30.0, help="how long a stall lasts")
     args = parser.parse_args()
+    kinds = tuple(args.fault_kinds.split(","))
+    faults = Faults(rate=args.faults, kinds=kinds, seed=args.seed, stall_s=args.stall_s)
     state = UpstreamState(
         delay_ms=args.delay_ms,
         max_tokens=args.max_tokens,
         first_token_ms=args.first_token_ms,
         concurrency=args.concurrency,
+        faults=faults,
     )
-    web.run_app(
-        make_app(state),
-        host=args.host,
-        port=args.port,
-        print=None,
-        handler_cancellation=True,
-    )
+    asyncio.run(serve(state, args.host, args.port))
 
 
 if __name__ == "__main__":

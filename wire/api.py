@@ -21,7 +21,10 @@ import orjson
 # started, continued from its exact token). A version-2 worker would ignore `continuation` and
 # generate the text again from the start. (`shared_system_prompt` needed no new version: a worker
 # that ignores it only shares less.)
-API_VERSION = 3
+# 4: `continue_final_message` in the body (the last, assistant, message is continued rather than
+# answered: a run another OpenAI-compatible member started, continued from its text). A
+# version-3 worker would ignore it and begin a new assistant turn.
+API_VERSION = 4
 
 
 class BadRequest(Exception):

@@ -44,6 +44,7 @@ class GenerateRequest:
     continuation: list[int] | None = None  # choice 0's ids a dead worker already streamed
     shared_system_prompt: bool = False  # the gateway's word: the first message is declared shared
     share: Share | None = None  # its tenant (a digest), weight and tier, for fair scheduling
+    continue_final_message: bool = False  # go on writing the last (assistant) message
 
     def to_json(self) -> bytes:
         p = self.params
@@ -56,6 +57,8 @@ class GenerateRequest:
             extra["shared_system_prompt"] = True
         if self.continuation is not None:
             extra["continuation"] = self.continuation
+        if self.continue_final_message:
+            extra["continue_final_message"] = True
         if self.response_format is not None:
             extra["response_format"] = self.response_format.wire()
         if self.tools is not None:
@@ -99,6 +102,7 @@ class GenerateBody:
     continuation: tuple[int, ...] = ()  # choice 0's tokens another worker already streamed
     shared_system_prompt: bool = False  # the first message may be cached for every salt
     share: Share = DEFAULT_SHARE  # its tenant, weight and tier (workers/fair_policy.py)
+    continue_final_message: bool = False  # the last message is the assistant's, to go on with
 
 
 def _share(body: dict[str, Any]) -> Share:
@@ -272,6 +276,11 @@ def parse_generate(body: Any) -> GenerateBody:
         raise BadRequest("cache_salt must be a string of 1 to 256 characters", "cache_salt")
     continuation = _continuation(body, params.n)
     shared = _bool(body, "shared_system_prompt", False)
+    continue_final = _bool(body, "continue_final_message", False)
+    if continue_final and messages[-1]["role"] != "assistant":
+        raise BadRequest(
+            "continue_final_message needs an assistant message last", "continue_final_message"
+        )
     return GenerateBody(
         request_id,
         messages,
@@ -282,4 +291,5 @@ def parse_generate(body: Any) -> GenerateBody:
         continuation,
         shared,
         _share(body),
+        continue_final,
     )

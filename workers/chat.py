@@ -41,11 +41,33 @@ def uses_tools(messages: list[dict[str, Any]], tools: ToolSpec | None) -> bool:
 
 
 def render_prompt(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: ToolSpec | None = None,
+    continue_final: bool = False,
 ) -> list[int]:
     """Prompt ids for `messages` (plain-string content; tool fields as wire/generate_body.py
-    keeps them). With `tool_choice` none the tools are not shown to the model at all."""
-    return _tokens(tokenizer, _render_text(tokenizer, messages, tools, generation_prompt=True))
+    keeps them). With `tool_choice` none the tools are not shown to the model at all.
+    `continue_final`: the last message is the assistant's, left open for the model to go on
+    writing (no end-of-turn after it, no new turn begun)."""
+    text = _render_text(tokenizer, messages, tools, generation_prompt=not continue_final)
+    if continue_final:
+        text = _open_final(tokenizer, messages, tools, text)
+    return _tokens(tokenizer, text)
+
+
+def _open_final(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None, text: str
+) -> str:
+    """The rendered conversation cut just after the last message's content, so the model goes
+    on writing it. transformers' own `continue_final_message` does the same but strips the
+    content's trailing whitespace, which would change what the model goes on from; a template
+    that rewrites the content (trims it) gets the turn's header and the content as sent."""
+    content = messages[-1].get("content") or ""
+    at = text.rfind(content) if content else -1
+    if at >= 0:
+        return text[: at + len(content)]
+    return _render_text(tokenizer, messages[:-1], tools, generation_prompt=True) + content
 
 
 def shared_prefix_len(tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: list[int]) -> int:

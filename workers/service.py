@@ -170,7 +170,12 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         try:
             prompt_ids = await loop.run_in_executor(
-                self._tokenize, render_prompt, loaded.tokenizer, body.messages, body.tools
+                self._tokenize,
+                render_prompt,
+                loaded.tokenizer,
+                body.messages,
+                body.tools,
+                body.continue_final_message,
             )
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None

@@ -2,10 +2,11 @@
 workers and `--upstream` servers are all members, and the members that serve one model form
 that model's pool.
 
-Local workers always form a pool, even one alone: its stream survives the worker's crash by
-continuing on the restarted worker. A model served by one remote member only is that member,
-unwrapped. An adapter that serves several models (an OpenAI-compatible upstream) is a member of
-each of their pools and routes the rest of its models itself.
+Every model gets a pool, even one a single member serves: its members' circuit breakers, the
+gateway's retry budget (one, shared by every pool), the retry-after an upstream asks for and
+the continuation of a cut run (on the restarted local worker, or the same upstream from the
+text so far) apply alike to all. An adapter that serves several models (an OpenAI-compatible
+upstream) is a member of each of their pools.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from adapters.base import Adapter
 from adapters.openai_upstream import OpenAIUpstreamAdapter
 from adapters.pool import PoolAdapter
+from adapters.retry_budget import RetryBudget
 from adapters.worker_client import WorkerAdapter
 from gateway.backends.local_worker import LocalWorker
 from gateway.backends.supervisor import Supervisor
@@ -54,31 +56,30 @@ def member_adapters(settings: Settings, workers: list[LocalWorker]) -> list[Adap
 async def routed_backends(
     settings: Settings,
     members: list[Adapter],
-    local: set[str],
     supervisor: Supervisor | None,
+    budget: RetryBudget | None = None,
 ) -> list[Adapter]:
-    """What the catalog routes to, from started members: a pool per model that several members
-    (or any local worker) serve, first, then the members as themselves for their other models.
-    `local` names the members that are local workers."""
+    """What the catalog routes to, from started members: a pool per model, of the members
+    that serve it. `budget`: the gateway's retry budget, which every pool shares."""
     serving: dict[str, list[Adapter]] = {}
     for member in members:
         for info in await member.models():
             serving.setdefault(info.id, []).append(member)
     pools: list[PoolAdapter] = []
+    budget = budget or RetryBudget(settings.retry_budget)
     for model, adapters in serving.items():
-        if len(adapters) > 1 or any(a.name in local for a in adapters):
-            pools.append(
-                PoolAdapter(
-                    adapters,
-                    f"pool:{model}",
-                    model=model,
-                    routing=settings.pool_routing,
-                    stall_timeout=settings.stall_timeout,
-                    on_stall=supervisor.restart if supervisor is not None else None,
-                )
+        pools.append(
+            PoolAdapter(
+                adapters,
+                f"pool:{model}",
+                model=model,
+                routing=settings.pool_routing,
+                stall_timeout=settings.stall_timeout,
+                on_stall=supervisor.restart if supervisor is not None else None,
+                crash_looping=supervisor.crash_looping if supervisor is not None else None,
+                retry_budget=budget,
             )
+        )
     if supervisor is not None:
         supervisor.exit_listeners.extend(pool.member_exited for pool in pools)
-    pooled = {pool.model for pool in pools}
-    alone = [m for m in members if any(m in serving[model] for model in serving.keys() - pooled)]
-    return pools + alone
+    return list(pools)

@@ -5,7 +5,9 @@ The contract's per-member series, `sluice_member_requests_total{member}`,
 `sluice_member_failures_total{member}` and `sluice_member_ejections_total{member,reason}`, are
 labelled by member only. Names are unique within a pool (adapters/pool.py `member_names`), and
 each member serves one model, so one pool; a member in several pools (an adapter serving several
-models) would be summed over them, never exposed twice. The other series say which pool.
+models) would be summed over them, never exposed twice (its `sluice_member_breaker_state`: the
+worst of its breakers). The other series say which pool. `sluice_retries_total{reason}` is the
+gateway's retry budget's (adapters/retry_budget.py), one for all pools.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from adapters.breaker import BreakerState
 from adapters.pool import PoolAdapter
 from adapters.pool_members import EJECTION_REASONS
+from adapters.retry_budget import REFUSED, RETRY_REASONS, RetryBudget
 
 MIGRATION_OUTCOMES = ("continued", "failed", "not_continuable")
 
@@ -46,6 +50,7 @@ class PoolCollector:
         requests: Counter[str] = Counter()
         failures: Counter[str] = Counter()
         ejections: Counter[tuple[str, str]] = Counter()
+        breakers: dict[str, int] = {}
         for pool in self.pools:
             for row in pool.snapshot():
                 member = row["member"]
@@ -53,6 +58,8 @@ class PoolCollector:
                 failures[member] += row["failures"]
                 for reason in EJECTION_REASONS:
                     ejections[member, reason] += row["ejections"][reason]
+                state = BreakerState[row["breaker"].upper()]
+                breakers[member] = max(breakers.get(member, 0), state)
         yield _counter(
             "sluice_member_requests",
             "Requests sent to the pool member (a run retried or continued elsewhere counts on "
@@ -72,10 +79,19 @@ class PoolCollector:
             "sluice_member_ejections",
             "Times the member was taken out of routing, by reason: probe (it failed or did not "
             "answer its health probe), stall (it had work and its engine took no step for "
-            "--stall-timeout), failure (a request failed on it).",
+            "--stall-timeout), failure (its circuit breaker opened on failed requests).",
             ["member", "reason"],
             ejections,
         )
+        breaker = GaugeMetricFamily(
+            "sluice_member_breaker_state",
+            "The member's circuit breaker: 0 closed (routed to), 1 half-open (one request "
+            "probes it), 2 open (out of routing for a cooldown).",
+            labels=["member"],
+        )
+        for member, state in breakers.items():
+            breaker.add_metric([member], state)
+        yield breaker
 
     def _pools(self) -> Iterator[Metric]:
         """The pool-labelled series beyond the contract's."""
@@ -105,9 +121,10 @@ class PoolCollector:
         )
         migrations = CounterMetricFamily(
             "sluice_run_migrations",
-            "Runs whose member failed mid-stream, by outcome: continued on another member, "
-            "failed (no member could take it), not_continuable (several choices, or a member "
-            "that cannot continue a run, such as an OpenAI-compatible server).",
+            "Runs whose member failed mid-stream, by outcome: continued on another member "
+            "(from the exact tokens, or from the text on an OpenAI-compatible member), failed "
+            "(no member could take it), not_continuable (several choices, or a tool call or "
+            "grammar half written by a member without token ids).",
             labels=["pool", "outcome"],
         )
         for pool in self.pools:
@@ -127,3 +144,26 @@ class PoolCollector:
         yield affinity
         yield hit_ratio
         yield migrations
+
+
+class RetryCollector:
+    """`sluice_retries_total{reason}`: the retries the gateway's budget allowed, by why the
+    attempt before failed, and those it refused (`budget_exhausted`); every reason from 0."""
+
+    def __init__(self, budget: RetryBudget) -> None:
+        self.budget = budget
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.budget.counts
+        yield _counter(
+            "sluice_retries",
+            "Retries of requests that failed before their first event, by reason: unavailable "
+            "(unreachable, a 503), rate_limited (a 429), failed (a 5xx, a broken or malformed "
+            "stream, the member taken out), fallback (a model alias's next target); "
+            "budget_exhausted counts the retries the retry budget refused.",
+            ["reason"],
+            {(reason,): counts[reason] for reason in (*RETRY_REASONS, REFUSED)},
+        )

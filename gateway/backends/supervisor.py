@@ -8,6 +8,12 @@ between is a crash loop: that is logged as an error and shown by
 `sluice_local_worker_crash_looping`; the worker is still restarted (at the longest backoff),
 because a gateway that gives up serves nothing at all. Every exit and restart is a log line and a
 count.
+
+Whoever routes to the workers hears of it as it happens (design §6, The pool): `exit_listeners`
+the moment a process exits (out of routing and readiness then, not at the next probe), and
+`restart_listeners` once a restart serves (probe it now). `crash_looping(name)` tells a worker
+worth waiting for (a restart under way) from one that is not: a request for a model whose only
+worker is restarting waits for it, queued; one whose worker crash loops is refused at once.
 """
 
 from __future__ import annotations
@@ -92,14 +98,23 @@ class Supervisor:
         self._clock = clock
         self._sleep = sleep
         self._tasks: list[asyncio.Task[None]] = []
+        self._policies: dict[str, RestartPolicy] = {}  # by worker name
         # told a worker's name the moment its process exits (a pool takes it out of routing
-        # then, rather than at its next probe)
+        # then, rather than at its next probe), in order: the pools first, then readiness
         self.exit_listeners: list[Callable[[str], None]] = []
+        # told a worker's name once its restart serves (its /health said ready)
+        self.restart_listeners: list[Callable[[str], None]] = []
 
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._watch(w), name=f"supervise {w.name}") for w in self.workers
         ]
+
+    def crash_looping(self, name: str) -> bool:
+        """Whether the worker `name` keeps exiting (see RestartPolicy): not worth waiting for.
+        False for a worker this supervisor does not own."""
+        policy = self._policies.get(name)
+        return policy is not None and policy.crash_looping
 
     def restart(self, name: str) -> None:
         """A worker whose engine is hung (the pool saw its steps stand still): kill it, and the
@@ -116,7 +131,7 @@ class Supervisor:
         await asyncio.gather(*(w.stop() for w in self.workers))
 
     async def _watch(self, worker: LocalWorker) -> None:
-        policy = RestartPolicy(self._clock)
+        policy = self._policies[worker.name] = RestartPolicy(self._clock)
         looping = self.metrics.local_worker_crash_looping.labels(worker.name)
         looping.set_function(lambda: int(policy.crash_looping))
         while True:
@@ -125,6 +140,8 @@ class Supervisor:
                 listener(worker.name)
             while not await self._restart(worker, policy, reason):
                 reason = START_FAILED
+            for listener in self.restart_listeners:
+                listener(worker.name)
 
     async def _restart(self, worker: LocalWorker, policy: RestartPolicy, reason: str) -> bool:
         """Count the exit, wait out the backoff and start the worker again; whether it came up."""

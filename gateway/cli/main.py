@@ -142,6 +142,14 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         "least_load, random",
     )
     p.add_argument(
+        "--retry-budget",
+        type=float,
+        metavar="SHARE",
+        help="retries of requests that failed before their first event (on another member) are "
+        "at most this share of requests over a sliding 10 s window, and at least 10 per window "
+        "(default 0.2; 0: no retries)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         help="seconds live runs get to finish after SIGTERM/SIGINT before they are cancelled "

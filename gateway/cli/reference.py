@@ -91,7 +91,11 @@ def _table(rows: Iterable[str]) -> str:
 def render_serve() -> str:
     """docs/reference/serve.md: the gateway's settings, then its `[worker]` table."""
     parser = serve_parser()
-    special = {"upstreams": "`[upstreams.NAME]`", "worker": "`[worker]`"}
+    special = {
+        "upstreams": "`[upstreams.NAME]`",
+        "models": '`[models."ALIAS"]`',
+        "worker": "`[worker]`",
+    }
     rows = [_row(s, special.get(s.key, f"`{s.key}`")) for s in describe(Settings, parser)]
     serve_flags = {a.dest for a in _actions(parser) if a.option_strings}
     engine = [
@@ -123,6 +127,12 @@ def render_serve() -> str:
             "and optionally `capacity`, the runs it takes at once before they wait in the "
             "gateway's fair queues. Its API key, if it needs one, comes from "
             "`SLUICE_UPSTREAM_API_KEY_<NAME>` (upper case, `-` as `_`).",
+            '## `[models."ALIAS"]`',
+            "Each table adds a model alias: a public model name over `targets`, models the "
+            "backends serve, tried in order when one cannot serve (or, with weights, one chosen "
+            "per conversation, the others after it); `first_token_timeout`, the seconds a target "
+            "may take to its first token before the next is tried. See "
+            "[Model aliases and fallbacks](../routing.md).",
             "## Example",
             "```toml\n"
             'host = "0.0.0.0"\n'
@@ -134,7 +144,12 @@ def render_serve() -> str:
             'kv_cache_memory = "4GiB"\n\n'
             "[upstreams.qwen]\n"
             'url = "http://vllm:8000/v1"\n'
-            "capacity = 32\n"
+            "capacity = 32\n\n"
+            "[upstreams.qwen-small]\n"
+            'url = "http://vllm-small:8000/v1"\n\n'
+            '[models."chat-default"]\n'
+            'targets = ["qwen", "qwen-small"]\n'
+            "first_token_timeout = 10\n"
             "```",
         ]
     )

@@ -60,7 +60,7 @@ class ChatFrames:
             record = self._record
             self._renderer = ChunkRenderer(
                 record.run_id,
-                record.model,
+                served_model(events, record.model),
                 int(record.created),
                 record.meta.get("service_tier"),
             )
@@ -68,6 +68,16 @@ class ChatFrames:
 
     def ending(self, terminal: TerminalRecord) -> LogEvents:
         return []
+
+
+def served_model(events: LogEvents, asked: str) -> str:
+    """The model the log's chunks name: the one asked for, or the target of a model alias
+    that served it (adapters/fallback.py), which the run record does not know."""
+    for _, payload, _, _ in events:
+        chunk = orjson.loads(payload)
+        if isinstance(chunk, dict) and isinstance(chunk.get("model"), str):
+            return chunk["model"]
+    return asked
 
 
 async def stream_run(

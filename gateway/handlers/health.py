@@ -22,17 +22,45 @@ def model_states(app: web.Application) -> dict[str, bool]:
     return states
 
 
+def restarting(app: web.Application) -> dict[str, list[str]]:
+    """Per model id with any: the members of its backend whose process is being restarted."""
+    catalog, health = app[CATALOG], app[HEALTH]
+    members = {}
+    for info in catalog.models():
+        adapter = catalog.lookup(info.id)
+        if adapter is not None and (names := health.restarting(adapter)):
+            members[info.id] = names
+    return members
+
+
+def breakers(app: web.Application) -> dict[str, dict[str, str]]:
+    """Per model id with any: its members whose circuit breaker is not closed (`open`: out of
+    routing for a cooldown; `half_open`: one request probes it), by member (design §6)."""
+    catalog = app[CATALOG]
+    found: dict[str, dict[str, str]] = {}
+    for info in catalog.models():
+        snapshot = getattr(catalog.lookup(info.id), "snapshot", None)
+        rows = snapshot() if snapshot is not None else []
+        if tripped := {r["member"]: r["breaker"] for r in rows if r["breaker"] != "closed"}:
+            found[info.id] = tripped
+    return found
+
+
 async def readyz(request: web.Request) -> web.Response:
     """200 while some model can be served and the state store answers (Redis is pinged; the
     in-process store always does): `ready` when every model can, `degraded` when only some can
     (the body names them). 503 `unavailable` when none can or the store does not answer, and
     503 `draining` once shutdown began, so a load balancer stops sending here
-    (gateway/http/drain.py).
+    (gateway/http/drain.py). `restarting`, when some are, names per model the local workers
+    being restarted: not ready from the moment the process exits until the new one serves.
+    `breakers`, when some are not closed, says per model which members' are open or half-open
+    (a model whose every member's breaker is open is not ready).
 
     NOTE: a replica that can serve nothing is taken out; one that serves some models is not,
     since what fails one model is often shared by every replica (an upstream, a remote worker)
     and taking them all out would stop the models that still work. A request for a model
-    without a ready member is answered at once, 503 `overloaded` with retry-after."""
+    without a ready member is answered at once, 503 `overloaded` with retry-after, unless one
+    is restarting: then it waits for it, `queued` (gateway/runs/admission.py)."""
     models = model_states(request.app)
     shared = request.app.get(REDIS)
     store = "in-process" if shared is None else "ok" if await shared.ping() else "unavailable"
@@ -40,10 +68,12 @@ async def readyz(request: web.Request) -> web.Response:
     status = "unavailable" if not ready else "ready" if all(models.values()) else "degraded"
     if request.app[DRAIN].draining:
         ready, status = False, "draining"
-    return web.json_response(
-        {"status": status, "models": models, "store": store},
-        status=200 if ready else 503,
-    )
+    body: dict[str, object] = {"status": status, "models": models, "store": store}
+    if members := restarting(request.app):
+        body["restarting"] = members
+    if tripped := breakers(request.app):
+        body["breakers"] = tripped
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

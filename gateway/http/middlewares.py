@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
+from adapters.fallback_route import ROUTE_HEADER
 from gateway.app_keys import (
     AUTH,
     METRICS,
@@ -19,6 +20,7 @@ from gateway.app_keys import (
     QUOTAS,
     RATE_HEADERS,
     REQUEST_ID,
+    ROUTE,
     STARTED,
     TENANT,
 )
@@ -97,6 +99,17 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         request[PRINCIPAL] = principal
         request[TENANT] = tenant
     return await handler(request)
+
+
+async def add_route_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: a request for a model alias says which target served it and why
+    the ones before were passed over (`x-sluice-route`, docs/routing.md). NOTE: a stream's
+    headers go out with its first events or after one ping interval, so they tell what was
+    known then: a target still `trying` may yet be passed over, which only the response's
+    `model` then shows."""
+    route = request.get(ROUTE)
+    if route is not None:
+        response.headers[ROUTE_HEADER] = route.header()
 
 
 async def add_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -90,6 +90,14 @@ def _chat_paths() -> dict[str, Any]:
         "required": False,
         "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~ ]+$"},
     }
+    no_wait = {
+        "name": "x-sluice-no-wait",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string", "enum": ["true", "false"]},
+        "description": "`true`: where the run would wait `queued` (a restarting worker, a "
+        "saturated backend), answer 503 `overloaded` at once instead.",
+    }
     starting_after = {
         "name": "starting_after",
         "in": "query",
@@ -101,7 +109,7 @@ def _chat_paths() -> dict[str, Any]:
     create = {
         "operationId": "createChatCompletion",
         "summary": "Start a run; answer it whole, or stream it (`stream: true`).",
-        "parameters": [idempotency],
+        "parameters": [idempotency, no_wait],
         "requestBody": {
             "required": True,
             "content": {JSON: {"schema": ref("ChatCompletionRequest")}},

@@ -253,6 +253,7 @@ class ResponseRenderer:
         }
         if terminal is not None:
             completion = terminal.completion_object() or {}
+            body["model"] = completion.get("model", self.model)  # a model alias's target
             body["usage"] = usage_object(completion.get("usage"))
             if status == "incomplete":
                 body["incomplete_details"] = {"reason": INCOMPLETE[terminal.finish_reason]}

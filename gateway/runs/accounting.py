@@ -149,8 +149,15 @@ class RunAccounting:
         reported = self.usage.completion_tokens if self.usage else self.aborted_tokens
         return max(counted, reported)
 
-    def outcome(self, spec: RunSpec, ending: Ending | None, terminal: TerminalRecord) -> RunOutcome:
-        """The run's account, once its terminal state is recorded and the upstream is done."""
+    def outcome(
+        self,
+        spec: RunSpec,
+        ending: Ending | None,
+        terminal: TerminalRecord,
+        model: str | None = None,
+    ) -> RunOutcome:
+        """The run's account, once its terminal state is recorded and the upstream is done;
+        `model`: the model that served it (an alias's target), when not the one asked for."""
         now = time.monotonic()
         source = ending.source if ending else None
         confirmed = self.confirmed_at
@@ -166,7 +173,7 @@ class RunAccounting:
             run_id=spec.run_id,
             tenant=spec.tenant,
             principal=spec.principal,
-            model=spec.chat.model,
+            model=model or spec.chat.model,
             terminal=terminal,
             cancel_source=source,
             cancel_outcome=cancel_outcome,

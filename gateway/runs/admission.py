@@ -1,8 +1,9 @@
 """Which backend serves a chat request for its tenant, and what its quota reserves.
 
 The checks a request passes before anything is claimed or reserved (model known, the tenant
-allowed it, the max_tokens cap, a parameter the backend cannot honour, a backend ready), and the
-quota reservation itself; refusals are the APIErrors the client gets.
+allowed it, the max_tokens cap, a parameter the backend cannot honour, a backend ready, or one
+restarting that the request may wait for), and the quota reservation itself; refusals are the
+APIErrors the client gets.
 """
 
 from __future__ import annotations
@@ -10,13 +11,20 @@ from __future__ import annotations
 from aiohttp import web
 
 from adapters.base import Adapter
+from adapters.fallback import FallbackAdapter
 from adapters.requests import ChatRequest
 from gateway.app_keys import CATALOG, HEALTH, METRICS, MODEL_LABEL, QUOTAS, SETTINGS
 from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
+from gateway.runs.aliases import alias_run
 from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
 from policies.quotas import estimate_prompt_tokens as estimate
 from policies.tenants import Tenant, TenantLimits
 from wire.share import Share
+
+# A request that must not wait in this gateway (for a restarting worker, or in flow control's
+# queue) says so: `x-sluice-no-wait: true` is refused at once, 503 `overloaded` with
+# `retry-after`, where it would have waited `queued` (design §11).
+NO_WAIT_HEADER = "x-sluice-no-wait"
 
 
 def quota_limits(limits: TenantLimits) -> QuotaLimits:
@@ -49,6 +57,8 @@ def backend_for(request: web.Request, tenant: Tenant, chat: ChatRequest, body: d
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
     cap_max_tokens(tenant, chat, named or "max_tokens")
     chat.share = share_for(tenant, chat.service_tier)
+    if isinstance(adapter, FallbackAdapter):  # a model alias: each target is checked in turn
+        return alias_run(request, tenant, chat, adapter, waits=not no_wait(request))
     param = adapter.unsupported_param(chat)
     if param is not None:
         raise invalid_request(
@@ -56,9 +66,22 @@ def backend_for(request: web.Request, tenant: Tenant, chat: ChatRequest, body: d
             f"'{param}' is not supported by model '{chat.model}'.",
             code="unsupported_parameter",
         )
-    if not app[HEALTH].ready(adapter):
+    waits = not no_wait(request)
+    health = app[HEALTH]
+    if not health.ready(adapter) and not (waits and health.restarting(adapter)):
         raise overloaded(f"No backend for model '{chat.model}' is ready; retry shortly.")
     return adapter
+
+
+def no_wait(request: web.Request) -> bool:
+    """Whether the request asked not to wait (`x-sluice-no-wait: true`; `false` or absent: it
+    may); any other value is a 400 naming the header."""
+    raw = request.headers.get(NO_WAIT_HEADER, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise invalid_request(
+            NO_WAIT_HEADER, f"{NO_WAIT_HEADER} must be 'true' or 'false'.", code="invalid_value"
+        )
+    return raw == "true"
 
 
 def share_for(tenant: Tenant, asked: str | None) -> Share:

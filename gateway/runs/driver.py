@@ -357,7 +357,9 @@ class RunDriver:
 
     async def _settle(self) -> RunOutcome:
         terminal = self.terminal or TerminalRecord(RunStatus.FAILED, "gateway_error")
-        self.outcome = outcome = self.acct.outcome(self.spec, self.ending, terminal)
+        self.outcome = outcome = self.acct.outcome(
+            self.spec, self.ending, terminal, self.pipeline.model
+        )
         record_outcome(self.metrics, outcome)
         if self.settle is not None:
             try:

@@ -149,7 +149,7 @@ class FlowControl:
         """The run's ticket: dispatched at once, or queued; raises Shed when its tenant's queue
         is full and has no `flex` run to give up for it."""
         ticket = Ticket(self, run_id, tenant, share, prompt, cost)
-        if not self.enabled or (not self.queue and self._free() > 0):
+        if self.at_once():
             self.queue.went_at_once(ticket.waiting)  # its tenant's account counts it all the same
             self._dispatch(ticket)
             return ticket
@@ -168,6 +168,11 @@ class FlowControl:
         self.metrics.queue_depth.labels(tenant, share.tier).inc()
         self._dispatch_waiting()
         return ticket
+
+    def at_once(self) -> bool:
+        """Whether a run admitted now goes at once (nothing waits and capacity is free); a
+        request that may not wait (`x-sluice-no-wait`) is refused when it would not."""
+        return not self.enabled or (not self.queue and self._free() > 0)
 
     def leave(self, ticket: Ticket) -> None:
         """A queued ticket leaves the queue (withdrawn or shed)."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
+from adapters.base import Adapter
+from adapters.fallback import FallbackRun
 from adapters.requests import ChatRequest, Message
 from gateway.app_keys import (
     AUTH,
@@ -26,14 +28,23 @@ from gateway.app_keys import (
     PRINCIPAL,
     QUOTAS,
     RATE_HEADERS,
+    ROUTE,
     RUNS,
     SETTINGS,
     STARTED,
     TENANT,
 )
-from gateway.http.errors import APIError
+from gateway.http.errors import APIError, overloaded
 from gateway.runs import replays
-from gateway.runs.admission import backend_for, prompt_estimate, quota_request, refused, reserve
+from gateway.runs.admission import (
+    backend_for,
+    no_wait,
+    prompt_estimate,
+    quota_request,
+    refused,
+    reserve,
+)
+from gateway.runs.aliases import alias_ticket
 from gateway.runs.flow_control import Shed, Ticket
 from gateway.runs.manager import new_run_id
 from gateway.runs.spec import RunOutcome, RunSpec
@@ -119,15 +130,30 @@ class RunLife:
             raise
         if opened.run_id != self.spec.run_id:  # a repeat, answered from the earlier run
             ticket.done(None, 0)
+            self.request.pop(ROUTE, None)  # a model alias's route it planned, never taken
         return opened
 
     def _take_ticket(self) -> Ticket:
-        """The run's place in its backend's flow control: dispatched at once, or queued; a
-        429 when its tenant's queue is full (design §12)."""
+        """The run's place in its backend's flow control; for a model alias, in its first
+        target's whose queue takes it (gateway/runs/aliases.py)."""
+        adapter = self.spec.adapter
+        if isinstance(adapter, FallbackRun):
+            return alias_ticket(adapter, self._ticket_at)
+        return self._ticket_at(adapter)
+
+    def _ticket_at(self, backend: Adapter) -> Ticket:
+        """The run's place in `backend`'s flow control: dispatched at once, or queued; a
+        429 when its tenant's queue is full (design §12), a 503 when it would wait and its
+        request may not (`x-sluice-no-wait`, design §11)."""
         chat, app = self.chat, self.app
         prompt = prompt_estimate(chat)
         cost = prompt + (chat.max_tokens or app[SETTINGS].default_max_tokens) * chat.n
-        flow = app[FLOWS].of(self.spec.adapter)
+        flow = app[FLOWS].of(backend)
+        if not flow.at_once() and no_wait(self.request):
+            raise overloaded(
+                f"Model '{chat.model}' is at capacity and this request may not wait.",
+                flow.retry_after(),
+            )
         sharing = self.tenant.sharing
         try:
             return flow.admit(

@@ -58,8 +58,13 @@ class RunPipeline:
         """The chunks for a batch of upstream events (the role chunks first, when the upstream
         accepted the run, or with its first chunk), and the events the stages let through."""
         chunks: list[Chunk] = []
-        if not self.opened and any(type(e) is Accepted for e in events):
-            chunks += self._open()
+        if not self.opened:
+            for event in events:
+                if type(event) is Accepted:
+                    if event.model is not None:  # a model alias's target serves the run
+                        self.serve(event.model)
+                    chunks += self._open()
+                    break
         for stage in self.stages:
             events = await stage.feed(events)
         for event in events:
@@ -93,6 +98,12 @@ class RunPipeline:
         return self.builder.build(
             self.run_id, self.model, created, early=early, service_tier=self.service_tier
         )
+
+    def serve(self, model: str) -> None:
+        """The model serving the run is `model`, not the one asked for (an alias's target):
+        every chunk and the completion name it. Only before the first chunk."""
+        self.model = model
+        self.renderer = ChunkRenderer(self.run_id, model, self.created, self.service_tier)
 
     def _open(self) -> list[Chunk]:
         self.opened = True

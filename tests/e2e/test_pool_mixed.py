@@ -1,7 +1,7 @@
 """A mixed pool under a real `sluice serve`: a local worker, a `--worker-url` worker and an
 `--upstream` (a second sluicegate) all serving the tiny model, through the `openai` client. Work
 reaches every member, a cancel of a stream on the upstream member stops the run there, and a run
-cut on the upstream member (it cannot be continued) ends with `worker_failed`, never a hang."""
+cut on the upstream member goes on on a worker from its text, never a hang."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_every_member_serves_and_a_cancel_on_the_upstream_stops_it_there(mixed):
     )
 
 
-def test_a_run_cut_on_the_upstream_member_ends_worker_failed(mixed):
+def test_a_run_cut_on_the_upstream_member_goes_on_from_its_text(mixed):
     gateway, upstream, model = mixed
     # NOTE: the tiny model writes 900 tokens in under a second; a loaded host could let the
     # upstream finish the run before the kill, so its worker is paused the moment the first
@@ -110,6 +110,9 @@ def test_a_run_cut_on_the_upstream_member_ends_worker_failed(mixed):
     _, chunks = stream_on_upstream(gateway, model, max_tokens=900, pause=worker)
     upstream.proc.send_signal(signal.SIGKILL)
     worker.send_signal(signal.SIGCONT)  # it ends with its gateway
-    with pytest.raises(openai.APIError, match="could not be continued"):
-        list(chunks)
-    assert metric(gateway, "sluice_run_migrations_total", outcome="not_continuable") == 1
+    # the upstream's text has no token ids: a worker goes on from the text itself (the tiny
+    # model's bytes re-tokenize differently, so its text is not compared here; the default
+    # model's is, in test_upstream_continuation.py)
+    rest = list(chunks)
+    assert rest[-1].choices[0].finish_reason in ("stop", "length")
+    assert metric(gateway, "sluice_run_migrations_total", outcome="continued") == 1

@@ -1,6 +1,6 @@
 """A local worker that dies or hangs, under a real `sluice serve` on the tiny model: the gateway
-restarts a dead one, refuses work at once while none is ready, and never leaves a streaming
-client without headers and heartbeats."""
+restarts a dead one, refuses work at once while a hung one is not ready, and never leaves a
+streaming client without headers and heartbeats."""
 
 from __future__ import annotations
 
@@ -58,12 +58,8 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_model_dir, tmp_path)
         first = gateway.worker_process()
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        # while it is down: refused at once, as overloaded, with retry-after
-        down = chat(gateway)
-        if down.status_code != 200:  # (unless the restart already won the race)
-            assert down.status_code == 503
-            assert down.json()["error"]["code"] == "overloaded"
-            assert "retry-after" in down.headers
+        # while it restarts: the request waits for it (tests/e2e/test_worker_restart.py)
+        assert chat(gateway).status_code == 200
         wait_until(lambda: ready(gateway) and chat(gateway).status_code == 200, 60, "restart")
         assert gateway.worker_process().pid != first.pid
         assert metric(gateway, "sluice_local_worker_exits_total", reason="signal:SIGKILL") == 1

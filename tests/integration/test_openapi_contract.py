@@ -24,8 +24,11 @@ from policies.tenants import create_key
 from tests.support.processes import stop, wait_ready
 from tests.support.worker_process import REPO
 
+# every tier allowed: a generated request may ask for any of them (a tier the tenant may not
+# use is a 400 for valid data, which the contract check would count against the document)
 TENANTS = """\
 [tenants.contract]
+tiers = ["priority", "default", "flex"]
 """
 
 

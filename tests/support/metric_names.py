@@ -23,6 +23,7 @@ MEMBER_METRICS = frozenset(
         "sluice_member_requests",
         "sluice_member_failures",
         "sluice_member_ejections",
+        "sluice_member_breaker_state",
     }
 )
 
@@ -53,6 +54,8 @@ GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_member_requests": ("counter", frozenset({"member"})),
     "sluice_member_failures": ("counter", frozenset({"member"})),
     "sluice_member_ejections": ("counter", frozenset({"member", "reason"})),
+    "sluice_member_breaker_state": ("gauge", frozenset({"member"})),
+    "sluice_retries": ("counter", frozenset({"reason"})),
     "sluice_store_up": ("gauge", frozenset()),
     "sluice_flow_queue_depth": ("gauge", frozenset({"tenant", "tier"})),
     "sluice_flow_queue_wait_seconds": ("histogram", frozenset({"tenant", "tier"})),

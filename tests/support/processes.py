@@ -1,13 +1,19 @@
-"""Real `sluice` processes for tests: wait until one answers, stop it, and the resume request."""
+"""Real `sluice` processes for tests: wait until one answers, stop it, the scripted upstream as
+a process of its own, and the resume request."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
+
+from gateway.backends.local_worker import free_port
 
 
 def wait_ready(proc: subprocess.Popen, ready_url: str, timeout: float = 120.0) -> None:
@@ -35,6 +41,20 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@contextmanager
+def scripted_upstream_process() -> Iterator[str]:
+    """The scripted OpenAI-compatible upstream (testkit/scripted_upstream.py) as its own
+    process until the block ends; its base URL (`…/v1`)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "testkit.scripted_upstream", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}/v1/models")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop(proc)
 
 
 def resume_request(after: int, header: bool, auth: dict[str, str]) -> tuple[dict, dict]:

@@ -24,7 +24,7 @@ def local_worker_url(root: str) -> str:
         s.labels["member"]
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "sluice_pool_member_healthy"
+        if s.name == "sluice_pool_member_healthy" and s.labels["member"].startswith("local:")
     }
     return "http://127.0.0.1:" + member.rsplit(":", 1)[1]
 

@@ -108,3 +108,14 @@ def test_a_template_that_will_not_render_a_system_turn_alone_shares_nothing() ->
         "{% for m in messages %}{{ m.content }}\n{% endfor %}"
     )
     assert shared(tokenizer, [SYSTEM, {"role": "user", "content": "Hi"}]) == ""
+
+
+def test_a_final_assistant_message_is_left_open_to_continue(tokenizer) -> None:
+    user = {"role": "user", "content": "Hi"}
+    opened = render_prompt(tokenizer, [user, {"role": "assistant", "content": "Hel "}], None, True)
+    # no end of turn after it, its trailing space kept, no new turn begun
+    assert (
+        decoded(tokenizer, opened) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHel "
+    )
+    empty = render_prompt(tokenizer, [user, {"role": "assistant", "content": ""}], None, True)
+    assert empty == render_prompt(tokenizer, [user])

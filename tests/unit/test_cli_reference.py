@@ -53,10 +53,11 @@ def test_every_flag_of_serve_and_worker_is_a_setting():
 def test_the_serve_page_lists_every_setting_and_the_worker_table():
     page = render_serve()
     for s in describe(Settings):
-        assert f"`{s.key}`" in page or s.key in ("upstreams", "worker"), s.key
+        assert f"`{s.key}`" in page or s.key in ("upstreams", "models", "worker"), s.key
     for key in ENGINE_KEYS:
         assert f"`[worker] {key}`" in page
     assert "[upstreams.NAME]" in page
+    assert '[models."ALIAS"]' in page
 
 
 def test_the_committed_pages_are_what_the_generator_renders():

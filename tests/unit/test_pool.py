@@ -130,15 +130,16 @@ async def test_requests_routed_since_a_report_are_load_while_they_stream_only():
     assert [await t for t in burst] == [first] * 3 + ["b" if first == "a" else "a"]
 
 
-async def test_a_member_that_fails_before_the_first_event_is_retried_elsewhere_and_ejected():
+async def test_a_member_that_fails_before_the_first_event_is_retried_until_its_breaker_opens():
     dead = Member("dead", fail=BackendUnavailable("down"))
     good = Member("good")
     clock = Clock()
     pool = PoolAdapter([dead, good], clock=clock)
-    assert [await run(pool, chat(), f"r{i}") for i in range(5)] == ["good"] * 5
+    assert [await run(pool, chat(), f"r{i}") for i in range(8)] == ["good"] * 8
     snapshot = {row["member"]: row for row in pool.snapshot()}
-    assert snapshot["dead"]["failures"] == 1  # tried once, then left out
-    assert good.served == [f"r{i}" for i in range(5)]
+    # taking turns, it got every other try until 5 failures in a row opened its breaker
+    assert (snapshot["dead"]["failures"], snapshot["dead"]["breaker"]) == (5, "open")
+    assert good.served == [f"r{i}" for i in range(8)]
 
 
 async def test_a_refusal_is_the_requests_own_and_is_not_retried():
@@ -271,10 +272,11 @@ async def test_the_members_are_metrics_under_the_contracts_names():
     assert {family.name for family in registry.collect()} >= MEMBER_METRICS
     value = metrics(pool)
     assert value("sluice_member_requests_total", member="a") == 3
-    assert value("sluice_member_requests_total", member="b") == 1
-    assert value("sluice_member_failures_total", member="b") == 1
-    assert value("sluice_member_ejections_total", member="b", reason="failure") == 1
+    assert value("sluice_member_requests_total", member="b") == 2  # each retried on a
+    assert value("sluice_member_failures_total", member="b") == 2
+    assert value("sluice_member_ejections_total", member="b", reason="failure") == 0  # not yet
     assert value("sluice_member_ejections_total", member="b", reason="probe") == 0
+    assert value("sluice_member_breaker_state", member="b") == 0  # closed: 2 failures of 5
     assert value("sluice_member_ejections_total", member="a", reason="failure") == 0
     assert value("sluice_pool_member_in_flight", pool="pool", member="a") == 0
     assert value("sluice_pool_member_healthy", pool="pool", member="a") == 1
@@ -298,10 +300,10 @@ async def test_an_ejection_is_counted_once_per_time_out_of_routing_by_its_reason
     flaky.up = True
     await pool.ready()  # back in
     flaky.fail = BackendUnavailable("down")
-    for i in range(2):  # the second request is routed elsewhere: it sits out
+    for i in range(8):  # failing every other try: its breaker opens at the fifth, then out
         await run(pool, chat(f"q{i}"), f"r{i}")
     pool.members[0].failed(clock.now)  # another request of this gateway failed there meanwhile
-    assert value("sluice_member_failures_total", member="flaky") == 2
+    assert value("sluice_member_failures_total", member="flaky") == 6
     assert (ejections("probe"), ejections("failure")) == (1, 1)
     flaky.up = False
     await pool.ready()  # fails its probe while already out: not ejected again

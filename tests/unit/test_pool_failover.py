@@ -145,8 +145,8 @@ async def test_a_run_from_a_member_that_cannot_be_continued_ends_worker_failed()
     upstream, other = GreedyMember("upstream", traced=False, continues=False), GreedyMember("w")
     upstream.die_after = 5
     pool = PoolAdapter([upstream, other])
-    pool.choose = lambda request, tried, continuing=False: (  # the upstream gets it first
-        None if continuing or 0 in tried else 0
+    pool.choose = lambda request, tried, run=None: (  # the upstream gets it first
+        None if (run is not None and run.generated) or 0 in tried else 0
     )
     events = await collect(pool)
     assert text(events) == WHOLE[: len("<100>") * 5]  # what it had sent stays sent

@@ -105,7 +105,28 @@ BAD = [
         "messages[0].tool_calls[0].function.arguments",
         "invalid_value",
     ),
+    ({"continue_final_message": "yes"}, "continue_final_message", "invalid_type"),
+    ({"continue_final_message": True}, "continue_final_message", "invalid_value"),
+    (
+        {
+            "messages": [*USER, {"role": "assistant", "content": "Hel"}],
+            "continue_final_message": True,
+            "add_generation_prompt": True,
+        },
+        "add_generation_prompt",
+        "invalid_value",
+    ),
+    ({"add_generation_prompt": False}, "add_generation_prompt", "invalid_value"),
 ]
+
+
+def test_an_open_assistant_message_is_continued():
+    messages = [*USER, {"role": "assistant", "content": "Hel"}]
+    request = parse_chat_request(
+        body(messages=messages, continue_final_message=True, add_generation_prompt=False)
+    )
+    assert request.continue_final_message
+    assert not parse_chat_request(body()).continue_final_message
 
 
 @pytest.mark.parametrize(("overrides", "param", "code"), BAD)

@@ -16,6 +16,7 @@ from gateway.backends.supervisor import (
 )
 from gateway.metrics import GatewayMetrics
 from testkit.scripted_adapter import ScriptedAdapter, text_script
+from tests.support.waiting import until
 
 
 class Clock:
@@ -142,11 +143,15 @@ async def test_the_supervisor_restarts_a_worker_that_never_comes_up_with_backoff
 
     supervisor = Supervisor([worker], metrics, 300.0, clock=clock, sleep=sleep)  # type: ignore[list-item]
     exited: list[str] = []
+    restarted: list[str] = []
     supervisor.exit_listeners.append(exited.append)
+    supervisor.restart_listeners.append(restarted.append)
     supervisor.start()
     try:
         await asyncio.wait_for(worker.up.wait(), 10)
+        await until(lambda: restarted, "the restart to be told")
         assert exited == [worker.name]  # the process exit, told once; failed starts are not exits
+        assert restarted == [worker.name]  # once it serves; failed starts are not restarts
         sample = metrics.registry.get_sample_value
         member = {"member": worker.name}
         assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
@@ -157,7 +162,10 @@ async def test_the_supervisor_restarts_a_worker_that_never_comes_up_with_backoff
         )
         assert sample("sluice_local_worker_exits_total", {**member, "reason": "start_failed"}) == 7
         assert sample("sluice_local_worker_crash_looping", member) == 1  # up, but not for long
+        assert supervisor.crash_looping(worker.name) is True  # not worth waiting for
         clock.now += STABLE_AFTER
         assert sample("sluice_local_worker_crash_looping", member) == 0
+        assert supervisor.crash_looping(worker.name) is False
+        assert supervisor.crash_looping("local:2") is False  # not one of its workers
     finally:
         await supervisor.stop()

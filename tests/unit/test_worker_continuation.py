@@ -138,3 +138,17 @@ async def test_a_token_after_the_end_is_an_error_line(client) -> None:
     lines = await generate(client, body(stop_token_ids=[5], continuation=[5, 6]))
     assert [x["type"] for x in lines] == ["start", "error"]
     assert lines[-1]["code"] == "invalid_continuation"
+
+
+def test_an_open_final_message_is_continued_only_when_it_is_the_assistants() -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_generate(body(continue_final_message=True))
+    assert refused.value.param == "continue_final_message"
+    opened = body(continue_final_message=True)
+    opened["messages"] = [*opened["messages"], {"role": "assistant", "content": "Hel"}]
+    assert parse_generate(opened).continue_final_message
+    request = ChatRequest("m", [Message("user", "Hi"), Message("assistant", "Hel")])
+    assert "continue_final_message" not in orjson.loads(generate_request(request, "r").to_json())
+    request.continue_final_message = True
+    sent = orjson.loads(generate_request(request, "r").to_json())
+    assert sent["continue_final_message"] is True
