@@ -173,8 +173,18 @@ class PoolAdapter:
                 )
                 if not was:
                     self._changed.set()
+        self._evict_silent(now)
         self._changed.set()  # NOTE: waiting runs look again (a cooldown ended, a suspect passed)
         return any(m.available(now) for m in self.members)
+
+    def _evict_silent(self, now: float) -> None:
+        """A member without stats (an OpenAI-compatible server) shows no stalled engine: a
+        stream of it that sent nothing mid-stream for the stall timeout has failed, and moves."""
+        for member in self.members:
+            for lease in member.leases:
+                if lease.heard is not None and now - lease.heard >= self.stall_timeout:
+                    log.warning("pool member silent mid-stream; moving its run", member=member.name)
+                    lease.evict()
 
     async def _probe(self, member: Member) -> Probe:
         stats_of = getattr(member.adapter, "stats", None)
@@ -372,18 +382,19 @@ class PoolAdapter:
         try:
             async with aclosing(member.adapter.stream(request, request_id)) as events:
                 while True:
-                    # NOTE: a member without stats (an OpenAI-compatible server) shows no
-                    # stalled engine; one silent for the stall timeout mid-stream has failed
-                    quiet = self.stall_timeout if run.generated and not member.reported else None
                     try:
-                        batch = await lease.read(events, quiet)
+                        batch = await lease.read(events)
                     except StopAsyncIteration:
                         return
-                    member.served(lease, batch, self.clock())
+                    now = self.clock()
+                    member.served(lease, batch, now)
                     if not counted:
                         counted = True
                         self.migrations["continued"] += 1
-                    if batch := run.passed(batch):
+                    batch = run.passed(batch)
+                    if run.generated and not member.reported:
+                        lease.heard = now  # watched mid-stream (_evict_silent)
+                    if batch:
                         yield batch
         except RETRIED as exc:
             member.failed(self.clock(), lease, exc)  # its breaker counts it

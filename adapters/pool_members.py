@@ -58,7 +58,16 @@ class MemberLost(Exception):
 class Lease:
     """One request streaming from one member: the pool can interrupt its read to move it."""
 
-    __slots__ = ("_reading", "evicted", "faulted", "judged", "member", "probe", "report")
+    __slots__ = (
+        "_reading",
+        "evicted",
+        "faulted",
+        "heard",
+        "judged",
+        "member",
+        "probe",
+        "report",
+    )
 
     def __init__(self, member: Member, report: int, probe: bool = False) -> None:
         self.member = member
@@ -67,20 +76,22 @@ class Lease:
         self.probe = probe  # the request its half-open breaker let through
         self.judged = False  # an outcome (success or failure) was counted for its breaker
         self.faulted = False  # a failure was (one per request)
+        # when a member without stats last sent this stream something, once it is mid-stream:
+        # the pool's probe round moves a stream silent for the stall timeout (None: not watched)
+        self.heard: float | None = None
         self._reading: asyncio.Timeout | None = None
 
-    async def read(self, events: Any, quiet: float | None = None) -> Any:
+    async def read(self, events: Any) -> Any:
         """The member's next batch; MemberLost when the member was taken out, also while
-        waiting on it, or sent nothing for `quiet` seconds. StopAsyncIteration at the end, as
-        `anext`."""
+        waiting on it. StopAsyncIteration at the end, as `anext`."""
         if self.evicted:
             raise MemberLost(self.member.name)
         try:
-            async with asyncio.timeout(quiet) as reading:
+            async with asyncio.timeout(None) as reading:
                 self._reading = reading
                 return await anext(events)
         except TimeoutError:
-            if self.evicted or quiet is not None:
+            if self.evicted:
                 raise MemberLost(self.member.name) from None
             raise
         finally:

@@ -15,10 +15,19 @@ from adapters.events import Accepted, ErrorEvent, Event, Finish, TextDelta, Tool
 from adapters.pool import PoolAdapter
 from adapters.pool_continuation import continued_from_text
 from adapters.requests import ChatRequest, Message
+from tests.support.waiting import until
 
 TOKENS = list(range(100, 120))
 WHOLE = "".join(f"<{t}>" for t in TOKENS)
 PROMPT_TOKENS = 5
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def request(**more) -> ChatRequest:
@@ -35,6 +44,7 @@ class TextMember:
         self.name = name
         self.die_after = die_after
         self.silent_after: int | None = None
+        self.went_silent = asyncio.Event()
         self.call = call  # its first output is (the start of) a tool call
         self.asked: list[ChatRequest] = []
 
@@ -65,6 +75,7 @@ class TextMember:
                 raise BackendFailed("The connection to the upstream model server was lost.")
             if sent == self.silent_after:
                 self.silent_after = None
+                self.went_silent.set()
                 await asyncio.Event().wait()
             yield [TextDelta(f"<{token}>")]
         yield [Finish("length"), Usage(PROMPT_TOKENS + done, len(todo))]
@@ -107,12 +118,19 @@ async def test_a_cut_run_goes_on_from_its_text_on_another_member():
     assert pool.migrations == {"continued": 1}
 
 
-async def test_a_member_silent_mid_stream_has_its_run_moved():
+async def test_a_member_silent_mid_stream_has_its_run_moved_at_a_probe_round():
     quiet, other = TextMember("quiet"), TextMember("other")
     quiet.silent_after = 3
-    pool = PoolAdapter([quiet, other], stall_timeout=0.05)
+    clock = Clock()
+    pool = PoolAdapter([quiet, other], stall_timeout=10.0, clock=clock)
     first_then(pool)
-    events = await asyncio.wait_for(collect(pool), 10)
+    answer = asyncio.create_task(collect(pool))
+    await until(quiet.went_silent.is_set, "the member to fall silent mid-stream")
+    await pool.ready()
+    assert not answer.done()  # silent, but not for the stall timeout yet
+    clock.now += 10.0
+    await pool.ready()  # the probe round that finds it silent too long
+    events = await asyncio.wait_for(answer, 10)
     assert text(events) == WHOLE
     assert other.asked[0].max_tokens == len(TOKENS) - 3
 
