@@ -249,7 +249,9 @@ class BadChunk(ValueError):
     """An upstream chunk that is not a well-formed `chat.completion.chunk`."""
 
 
-def _typed(value: Any, kind: type | tuple[type, ...], default: Any = None) -> Any:
+def typed(value: Any, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    """An upstream chunk's field: `default` when absent or null, else of `kind` (a JSON
+    boolean is no integer), or BadChunk."""
     if value is None:
         return default
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
@@ -265,16 +267,16 @@ def chunk_events(chunk: Any, n: int = 1) -> list[Event]:
     if "error" in chunk:
         return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
     events: list[Event] = []
-    for choice in _typed(chunk.get("choices"), list, ()):
+    for choice in typed(chunk.get("choices"), list, ()):
         text = _plain_text(choice, n)
         if text is None:
-            _choice_events(_typed(choice, dict, {}), n, events)
+            _choice_events(typed(choice, dict, {}), n, events)
         elif text:
             events.append(TextDelta(text, choice.get("index", 0)))
-    usage = _typed(chunk.get("usage"), dict)
+    usage = typed(chunk.get("usage"), dict)
     if usage:
-        prompt = _typed(usage.get("prompt_tokens"), int, 0)
-        events.append(Usage(prompt, _typed(usage.get("completion_tokens"), int, 0)))
+        prompt = typed(usage.get("prompt_tokens"), int, 0)
+        events.append(Usage(prompt, typed(usage.get("completion_tokens"), int, 0)))
     return events
 
 
@@ -294,27 +296,27 @@ def _plain_text(choice: Any, n: int) -> str | None:
 
 
 def _choice_events(choice: dict[str, Any], n: int, events: list[Event]) -> None:
-    index = _typed(choice.get("index"), int, 0)
+    index = typed(choice.get("index"), int, 0)
     if not 0 <= index < n:
         raise BadChunk(f"choice index {index} outside 0..{n - 1}")
-    delta = _typed(choice.get("delta"), dict, {})
-    content = _typed(delta.get("content"), str, "")
+    delta = typed(choice.get("delta"), dict, {})
+    content = typed(delta.get("content"), str, "")
     if content:
-        logprobs = _typed(_typed(choice.get("logprobs"), dict, {}).get("content"), list)
+        logprobs = typed(typed(choice.get("logprobs"), dict, {}).get("content"), list)
         events.append(TextDelta(content, index, 1, logprobs))
-    for call in _typed(delta.get("tool_calls"), list, ()):
-        call = _typed(call, dict, {})
-        function = _typed(call.get("function"), dict, {})
+    for call in typed(delta.get("tool_calls"), list, ()):
+        call = typed(call, dict, {})
+        function = typed(call.get("function"), dict, {})
         events.append(
             ToolCallDelta(
-                _typed(call.get("index"), int, 0),
-                _typed(function.get("arguments"), str, ""),
-                _typed(call.get("id"), str),
-                _typed(function.get("name"), str),
+                typed(call.get("index"), int, 0),
+                typed(function.get("arguments"), str, ""),
+                typed(call.get("id"), str),
+                typed(function.get("name"), str),
                 index,
             )
         )
-    reason = _typed(choice.get("finish_reason"), str)
+    reason = typed(choice.get("finish_reason"), str)
     if reason:
         events.append(Finish(reason if reason in FINISH_REASONS else "stop", index))
 

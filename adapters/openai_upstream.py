@@ -2,12 +2,14 @@
 
 Every request goes upstream as a stream with usage included, whether or not the client asked to
 stream: the gateway assembles non-streaming answers itself, and closing the upstream connection is
-how a request is aborted. Upstream error text never passes this module.
+how a request is aborted. Upstream error text never passes this module. A request with a raw
+prompt (a legacy completion, `ChatRequest.prompt`) goes to the upstream's own `/completions`,
+its `text_completion` chunks read by adapters/completion_chunks.py into the same events.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -21,6 +23,7 @@ from adapters.base import (
     parse_retry_after,
 )
 from adapters.chat_chunks import chunk_events
+from adapters.completion_chunks import completion_chunk_events
 from adapters.events import Accepted, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
@@ -48,6 +51,8 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
         "top_p": request.top_p,
         "n": request.n,
     }
+    if request.top_k:  # vLLM's and SGLang's extension; another upstream judges it
+        body["top_k"] = request.top_k
     if request.continue_final_message:
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
@@ -60,6 +65,32 @@ def upstream_body(request: ChatRequest, model: str) -> dict[str, Any]:
     for name in _OPTIONAL:
         value = getattr(request, name)
         if value not in (None, False, 0):
+            body[name] = value
+    return body
+
+
+def upstream_completion_body(request: ChatRequest, model: str) -> dict[str, Any]:
+    """The legacy `/completions` body for a request with a raw prompt (`request.prompt`)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": request.prompt,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "n": request.n,
+    }
+    if request.stop:
+        body["stop"] = request.stop
+    if request.presence_penalty:
+        body["presence_penalty"] = request.presence_penalty
+    if request.frequency_penalty:
+        body["frequency_penalty"] = request.frequency_penalty
+    if request.logprobs:
+        body["logprobs"] = request.top_logprobs  # the legacy form: how many alternatives
+    for name in ("max_tokens", "seed", "user"):
+        value = getattr(request, name)
+        if value is not None:
             body[name] = value
     return body
 
@@ -124,12 +155,15 @@ class OpenAIUpstreamAdapter:
 
     async def stream(self, request: ChatRequest, request_id: str) -> AsyncIterator[list[Event]]:
         assert self._session is not None
-        body = orjson.dumps(upstream_body(request, self.upstream_model))
+        if request.prompt is None:
+            path, read = "chat/completions", chunk_events
+            body = orjson.dumps(upstream_body(request, self.upstream_model))
+        else:  # a legacy completion: the upstream's own, no chat template
+            path, read = "completions", completion_chunk_events
+            body = orjson.dumps(upstream_completion_body(request, self.upstream_model))
         headers = {**self._headers, "X-Request-Id": request_id}
         try:
-            resp = await self._session.post(
-                f"{self.base_url}/chat/completions", data=body, headers=headers
-            )
+            resp = await self._session.post(f"{self.base_url}/{path}", data=body, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendUnavailable("The upstream model server is unreachable.") from exc
         try:
@@ -139,7 +173,7 @@ class OpenAIUpstreamAdapter:
             splitter = SSEDataSplitter()
             done = False
             while data := await resp.content.readany():  # b"" only at the end of the body
-                batch, ended, bad = _events_of(splitter.feed(data), request.n)
+                batch, ended, bad = _events_of(splitter.feed(data), request.n, read)
                 done = done or ended
                 if batch:
                     yield batch
@@ -163,9 +197,12 @@ class OpenAIUpstreamAdapter:
         return False
 
 
-def _events_of(payloads: list[bytes], n: int) -> tuple[list[Event], bool, ValueError | None]:
-    """The events of a read's SSE payloads up to the first malformed one; whether `[DONE]`
-    came; the malformed chunk's error, if one did."""
+def _events_of(
+    payloads: list[bytes], n: int, read: Callable[[Any, int], list[Event]] = chunk_events
+) -> tuple[list[Event], bool, ValueError | None]:
+    """The events of a read's SSE payloads (each read by `read`: chat chunks or legacy
+    completion chunks) up to the first malformed one; whether `[DONE]` came; the malformed
+    chunk's error, if one did."""
     events: list[Event] = []
     done = False
     for payload in payloads:
@@ -173,7 +210,7 @@ def _events_of(payloads: list[bytes], n: int) -> tuple[list[Event], bool, ValueE
             done = True
             continue
         try:
-            events += chunk_events(orjson.loads(payload), n)
+            events += read(orjson.loads(payload), n)
         except ValueError as exc:  # orjson.JSONDecodeError and BadChunk both are
             return events, done, exc
     return events, done, None

@@ -124,12 +124,15 @@ class RunProgress:
 
 def continued_from_text(request: ChatRequest, text: str, tokens: int) -> ChatRequest:
     """`request` asked again with `text` (`tokens` generated tokens) as the assistant's open
-    message, for `max_tokens` less those tokens."""
+    message, for `max_tokens` less those tokens. A raw prompt (a legacy completion) is
+    continued by growing the prompt itself."""
+    left = None if request.max_tokens is None else max(1, request.max_tokens - tokens)
+    if request.prompt is not None:
+        return replace(request, prompt=request.prompt + text, max_tokens=left)
     messages = list(request.messages)
     if request.continue_final_message:  # the client's own open message, grown by the text
         last = messages[-1]
         messages[-1] = replace(last, content=(last.content or "") + text)
     else:
         messages.append(Message("assistant", text))
-    left = None if request.max_tokens is None else max(1, request.max_tokens - tokens)
     return replace(request, messages=messages, continue_final_message=True, max_tokens=left)

@@ -42,6 +42,8 @@ def prefix_keys(request: ChatRequest) -> list[int]:
     """A hash per whole block of the rendered conversation, each chained on the one before."""
     tools = _tools_text(request)
     text = tools + "".join(_message_text(m) for m in request.messages)
+    if request.prompt is not None:  # a legacy completion: its raw text is the prefix
+        text = f"prompt\x00{request.prompt}"
     shared = 0  # the worker shares the system prompt rendered alone: not with tools in it
     if request.shared_system_prompt and request.messages and not tools:
         shared = len(_message_text(request.messages[0]))

@@ -39,6 +39,7 @@ class ChatRequest:
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off; Anthropic's `top_k` (the chat API has none)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     n: int = 1
@@ -67,3 +68,6 @@ class ChatRequest:
     # set by the gateway, never by a client: when a worker died mid-stream, the token ids of
     # choice 0 it had streamed; the next worker goes on from them (docs/worker-api.md)
     continuation: list[int] | None = None
+    # a legacy completion's raw prompt (`POST /v1/completions`): the text the model continues,
+    # tokenized as is with no chat template; `messages` is then empty (docs/worker-api.md)
+    prompt: str | None = None

@@ -69,6 +69,7 @@ def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        top_k=request.top_k,
         seed=request.seed,
         stop=tuple(request.stop),
         n=request.n,
@@ -94,6 +95,7 @@ def generate_request(request: ChatRequest, request_id: str) -> GenerateRequest:
         request.shared_system_prompt,
         request.share,
         request.continue_final_message,
+        request.prompt,
     )
 
 

@@ -33,8 +33,14 @@ from gateway.backends.pool_metrics import PoolCollector, RetryCollector
 from gateway.backends.supervisor import Supervisor
 from gateway.credentials import build_authenticator, watch_tenants_file
 from gateway.handlers.chat import create_chat_completion
+from gateway.handlers.completions import (
+    cancel_completion,
+    create_completion,
+    retrieve_completion,
+)
 from gateway.handlers.docs import openapi_json
 from gateway.handlers.health import healthz, metrics, readyz
+from gateway.handlers.messages import count_tokens, create_message
 from gateway.handlers.models import list_models, retrieve_model
 from gateway.handlers.playground import add_playground_routes
 from gateway.handlers.responses import (
@@ -168,11 +174,16 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/chat/completions/{id}", retrieve_chat_completion)
     app.router.add_post("/v1/chat/completions/{id}/cancel", cancel_chat_completion)
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_get("/v1/completions/{id}", retrieve_completion)
+    app.router.add_post("/v1/completions/{id}/cancel", cancel_completion)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{id}", retrieve_response)
     app.router.add_post("/v1/responses/{id}/cancel", cancel_response)
     app.router.add_delete("/v1/responses/{id}", delete_response)
     app.router.add_get("/v1/responses/{id}/input_items", list_input_items)
+    app.router.add_post("/v1/messages", create_message)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/healthz", healthz)

@@ -2,7 +2,8 @@
 
 Default behaviour: `POST /v1/chat/completions` streams `max_tokens` (default 16) chunks of one
 "token" each, `delay_ms` apart (from `metadata.delay_ms` or the server default), then a usage
-chunk and `[DONE]`; non-streaming requests get one `chat.completion`. Tests can install a raw
+chunk and `[DONE]`; non-streaming requests get one `chat.completion`. `POST /v1/completions`
+streams the same tokens as legacy `text_completion` chunks (a raw prompt). Tests can install a raw
 script for a model: a list of byte strings to write and float delays, so chunk boundaries can fall
 inside words and UTF-8 code points, or a function of the request body that returns one (to answer
 a conversation's turns differently). `tool_call_script` streams tool calls with their arguments in
@@ -397,6 +398,65 @@ async def _play(
     return True
 
 
+def _legacy_chunk(
+    cid: str, model: str, text: str, index: int, top: int | None, finish: str | None = None
+) -> bytes:
+    """One `text_completion` chunk, with the legacy logprobs of its token when `top` is set."""
+    logprobs = None
+    if top is not None and text:
+        content = _logprobs(text, top)["content"][0]
+        logprobs = {
+            "tokens": [text],
+            "token_logprobs": [content["logprob"]],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in content["top_logprobs"]}],
+            "text_offset": [0],
+        }
+    choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+    return sse(
+        {
+            "id": cid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+        }
+    )
+
+
+async def legacy_completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/completions`: the default token sequence as a legacy `text_completion` stream
+    (a raw prompt: nothing is continued), recorded as chat requests are. Streams only, as the
+    gateway always asks."""
+    state = request.app[STATE]
+    body = orjson.loads(await request.read())
+    record = Record(body, dict(request.headers))
+    state.records.append(record)
+    state.stats.requests += 1
+    model = body.get("model", "scripted")
+    if model in state.status_for:
+        status, payload = state.status_for[model]
+        return web.json_response(payload, status=status)
+    texts, _ = completion_texts({"max_tokens": body.get("max_tokens")}, state.max_tokens)
+    n, top = int(body.get("n") or 1), body.get("logprobs")
+    delay = float(state.delay_ms) / 1000
+    cid = "cmpl-upstream"
+    script: list = []
+    for text in texts:
+        chunks = b"".join(_legacy_chunk(cid, model, text, i, top) for i in range(n))
+        script += [delay, Tokens(chunks, n)] if delay else [Tokens(chunks, n)]
+    script += [_legacy_chunk(cid, model, "", i, None, "length") for i in range(n)]
+    usage = _usage_chunk(cid, model, PROMPT_TOKENS, len(texts) * n)
+    script += [usage.replace(b"chat.completion.chunk", b"text_completion"), b"data: [DONE]\n\n"]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    try:
+        record.finished = await _play(request, resp, coalesce(script), state)
+    except (ConnectionError, asyncio.CancelledError):
+        record.hung_up_at = time.monotonic()
+        raise
+    return resp
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
@@ -407,6 +467,7 @@ def make_app(state: UpstreamState | None = None) -> web.Application:
     app[OUTAGE] = state.outage
     app[STATS] = state.stats
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", legacy_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/_chaos/stats", stats)
     app.router.add_post("/_chaos/down", down)

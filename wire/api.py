@@ -24,7 +24,10 @@ import orjson
 # 4: `continue_final_message` in the body (the last, assistant, message is continued rather than
 # answered: a run another OpenAI-compatible member started, continued from its text). A
 # version-3 worker would ignore it and begin a new assistant turn.
-API_VERSION = 4
+# 5: `prompt` (a string) in place of `messages` (exactly one of them): raw text, tokenized as it
+# is with no chat template (a legacy completion's). A version-4 worker would refuse the body
+# for its missing `messages`.
+API_VERSION = 5
 
 
 class BadRequest(Exception):

@@ -45,9 +45,13 @@ class GenerateRequest:
     shared_system_prompt: bool = False  # the gateway's word: the first message is declared shared
     share: Share | None = None  # its tenant (a digest), weight and tier, for fair scheduling
     continue_final_message: bool = False  # go on writing the last (assistant) message
+    prompt: str | None = None  # raw text in place of `messages` (then empty): no chat template
 
     def to_json(self) -> bytes:
         p = self.params
+        text: dict[str, Any] = (
+            {"messages": self.messages} if self.prompt is None else {"prompt": self.prompt}
+        )
         extra: dict[str, Any] = {}
         if self.share is not None:
             extra["share"] = self.share.wire()
@@ -67,7 +71,7 @@ class GenerateRequest:
         return orjson.dumps(
             {
                 "request_id": self.request_id,
-                "messages": self.messages,
+                **text,
                 "max_tokens": p.max_tokens,
                 "temperature": p.temperature,
                 "top_p": p.top_p,
@@ -103,6 +107,7 @@ class GenerateBody:
     shared_system_prompt: bool = False  # the first message may be cached for every salt
     share: Share = DEFAULT_SHARE  # its tenant, weight and tier (workers/fair_policy.py)
     continue_final_message: bool = False  # the last message is the assistant's, to go on with
+    prompt: str | None = None  # raw text, tokenized as is, in place of `messages` (then empty)
 
 
 def _share(body: dict[str, Any]) -> Share:
@@ -226,6 +231,18 @@ def _message(i: int, message: Any) -> dict[str, Any]:
     return out
 
 
+def _prompt(body: dict[str, Any]) -> str | None:
+    """A raw prompt, the alternative to `messages` (exactly one of them is sent)."""
+    value = body.get("prompt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequest("prompt must be a non-empty string", "prompt", "invalid_type")
+    if body.get("messages") is not None:
+        raise BadRequest("send either messages or prompt, not both", "prompt")
+    return value
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Chat messages: role and string content, and on tool turns `tool_calls` (assistant),
     `tool_call_id` and `name` (tool)."""
@@ -250,7 +267,8 @@ def parse_generate(body: Any) -> GenerateBody:
     """Validate a decoded JSON body; raises BadRequest naming the first bad field."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", None, "invalid_type")
-    request_id, messages = _request_id(body), _messages(body)
+    request_id, prompt = _request_id(body), _prompt(body)
+    messages = [] if prompt is not None else _messages(body)
     try:
         params = SamplingParams(
             max_tokens=_int(body, "max_tokens", None),
@@ -277,7 +295,7 @@ def parse_generate(body: Any) -> GenerateBody:
     continuation = _continuation(body, params.n)
     shared = _bool(body, "shared_system_prompt", False)
     continue_final = _bool(body, "continue_final_message", False)
-    if continue_final and messages[-1]["role"] != "assistant":
+    if continue_final and (not messages or messages[-1]["role"] != "assistant"):
         raise BadRequest(
             "continue_final_message needs an assistant message last", "continue_final_message"
         )
@@ -292,4 +310,5 @@ def parse_generate(body: Any) -> GenerateBody:
         shared,
         _share(body),
         continue_final,
+        prompt,
     )

@@ -56,6 +56,13 @@ def render_prompt(
     return _tokens(tokenizer, text)
 
 
+def raw_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Prompt ids for a raw prompt (a legacy completion's): the text tokenized as it is, with
+    no chat template, and with the tokenizer's own special tokens (a BOS where it adds one), as
+    vLLM's completions do."""
+    return list(tokenizer(text)["input_ids"])
+
+
 def _open_final(
     tokenizer: Any, messages: list[dict[str, Any]], tools: ToolSpec | None, text: str
 ) -> str:

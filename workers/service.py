@@ -25,7 +25,7 @@ from wire import api
 from wire.api import BadRequest
 from wire.generate_body import GenerateBody
 from workers.async_engine import AsyncEngine
-from workers.chat import ChatTemplateError, render_prompt, shared_prefix_len
+from workers.chat import ChatTemplateError, raw_prompt, render_prompt, shared_prefix_len
 from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, EngineStats
@@ -168,27 +168,18 @@ class WorkerService:
         if any(t >= vocab for t in body.continuation):
             raise BadRequest(f"continuation ids must be below {vocab}", "continuation")
         loop = asyncio.get_running_loop()
-        try:
-            prompt_ids = await loop.run_in_executor(
-                self._tokenize,
-                render_prompt,
-                loaded.tokenizer,
-                body.messages,
-                body.tools,
-                body.continue_final_message,
-            )
-        except ChatTemplateError as e:
-            raise BadRequest(str(e), "messages") from None
+        prompt_ids = await self._prompt_ids(loaded, body)
         try:
             engine.check_fits(len(prompt_ids), body.params.max_tokens, len(body.continuation))
         except ContextTooLong as e:
-            raise BadRequest(str(e), e.param, "context_length_exceeded") from None
+            param = "prompt" if body.prompt is not None and e.param == "messages" else e.param
+            raise BadRequest(str(e), param, "context_length_exceeded") from None
         grammar = await self._compile(body)
         if grammar is not None and body.continuation:
             await self._check_follows(grammar, body.continuation)
         parse_tools = body.tools is not None and body.tools.offered
         shared = 0
-        if body.shared_system_prompt:
+        if body.shared_system_prompt and body.prompt is None:
             shared = await loop.run_in_executor(
                 self._tokenize, shared_prefix_len, loaded.tokenizer, body.messages, prompt_ids
             )
@@ -203,6 +194,26 @@ class WorkerService:
             shared_prefix_len=shared,
             share=body.share,
         )
+
+    async def _prompt_ids(self, loaded: LoadedModel, body: GenerateBody) -> list[int]:
+        """The prompt's ids, on the tokenizing thread: a raw prompt as it is, messages through
+        the chat template."""
+        loop = asyncio.get_running_loop()
+        if body.prompt is not None:  # raw text: no chat template
+            return await loop.run_in_executor(
+                self._tokenize, raw_prompt, loaded.tokenizer, body.prompt
+            )
+        try:
+            return await loop.run_in_executor(
+                self._tokenize,
+                render_prompt,
+                loaded.tokenizer,
+                body.messages,
+                body.tools,
+                body.continue_final_message,
+            )
+        except ChatTemplateError as e:
+            raise BadRequest(str(e), "messages") from None
 
     async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:
         """The grammar the output must follow, compiled off the engine thread; a 400 naming the

@@ -8,6 +8,8 @@ from importlib import metadata
 import orjson
 from aiohttp import web
 
+from gateway.openapi.anthropic import with_anthropic
+from gateway.openapi.completions import with_completions
 from gateway.openapi.document import openapi_document
 from gateway.openapi.responses import with_responses
 
@@ -18,7 +20,8 @@ def _document() -> bytes:
         version = metadata.version("sluicegate")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         version = "0+unknown"
-    return orjson.dumps(with_responses(openapi_document(version)))
+    document = with_completions(with_responses(openapi_document(version)))
+    return orjson.dumps(with_anthropic(document))
 
 
 async def openapi_json(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from adapters.fallback_route import ROUTE_HEADER
+from gateway.anthropic.errors import anthropic_response, is_anthropic
 from gateway.app_keys import (
     AUTH,
     METRICS,
@@ -53,23 +54,40 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     try:
         response = await handler(request)
     except APIError as exc:
-        response = exc.to_response()
+        response = _answer(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = _http_error(exc).to_response()
+        response = _answer(request, _http_error(exc))
     except StoreUnavailable as exc:
         log.warning("state store unavailable", path=request.path, error=str(exc))
-        response = overloaded("The gateway's state store is unreachable; retry shortly.")
-        response = response.to_response()
+        error = overloaded("The gateway's state store is unreachable; retry shortly.")
+        response = _answer(request, error)
     except asyncio.CancelledError:
         _count(request, 499)
         raise
     except Exception:
         log.exception("unhandled error", request_id=request[REQUEST_ID], path=request.path)
-        response = internal_error().to_response()
+        response = _answer(request, internal_error())
     _count(request, response.status)
     return response
+
+
+def _answer(request: web.Request, error: APIError) -> web.Response:
+    """The error's answer: Anthropic's shape on its routes (design §4), else OpenAI's."""
+    if is_anthropic(request.path):
+        return anthropic_response(error)
+    return error.to_response()
+
+
+def _credential(request: web.Request) -> str | None:
+    """The bearer credential; on Anthropic's routes its `x-api-key` header serves as one."""
+    header = request.headers.get("Authorization")
+    if header is None and is_anthropic(request.path):
+        key = request.headers.get("x-api-key")
+        if key:
+            return f"Bearer {key}"
+    return header
 
 
 def _count(request: web.Request, status: int) -> None:
@@ -83,13 +101,12 @@ def _count(request: web.Request, status: int) -> None:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every `/v1/` route needs a valid bearer credential of a known tenant; a run's GET routes
-    also take that run's follow token (gateway/http/follow_access.py)."""
+    """Every `/v1/` route needs a valid bearer credential of a known tenant (Anthropic's routes
+    take it as `x-api-key` too); a run's GET routes also take that run's follow token
+    (gateway/http/follow_access.py)."""
     if request.path.startswith("/v1/"):
         auth = request.app[AUTH]
-        principal = token_principal(request) or auth.authenticate(
-            request.headers.get("Authorization")
-        )
+        principal = token_principal(request) or auth.authenticate(_credential(request))
         if principal is None:
             raise invalid_api_key()
         try:
@@ -119,6 +136,8 @@ async def add_request_id(request: web.Request, response: web.StreamResponse) -> 
     request_id = request.get(REQUEST_ID)
     if request_id:
         response.headers["x-request-id"] = request_id
+        if is_anthropic(request.path):  # the name Anthropic's clients read (`_request_id`)
+            response.headers["request-id"] = request_id
     rate = request.get(RATE_HEADERS)
     tenant = request.get(TENANT)
     if rate is None and tenant is not None:

@@ -5,7 +5,9 @@ per event, where `seq` is the event's number in the run's log (so `Last-Event-ID
 exactly); `: ping` comment lines while idle; the stream always ends with `data: [DONE]`. Frames
 produced together are written in one call. The writer also times how long writes wait on the
 client (a slow reader fills the socket buffer and `write` blocks): that time is the client's, not
-generation's, and past `write_timeout` the client counts as gone.
+generation's, and past `write_timeout` the client counts as gone. Another protocol's stream
+(Anthropic's named events) hands the writer its `Framing`: the same writes, heartbeats and
+timeouts, its own frames, error frame and end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -40,6 +43,18 @@ DONE = b"data: [DONE]\n\n"
 _BLOCKED = 0.001  # a write that took longer than this waited on the client
 
 
+class Framing(Protocol):
+    """Another protocol's SSE framing (Anthropic's named events, gateway/anthropic/stream.py):
+    how its events, an error that is not one of them, and the stream's end are written."""
+
+    done: bytes  # the stream's last bytes
+
+    def frame(self, seq: int, payload: bytes) -> bytes: ...
+
+    def error(self, error: dict) -> bytes:
+        """An OpenAI error object as this protocol's error frame."""
+
+
 class SlowClient(ConnectionError):
     """The client took no bytes for longer than the write timeout."""
 
@@ -48,6 +63,7 @@ class SSEWriter:
     """Writes framed events to one prepared `StreamResponse`, with heartbeats while idle."""
 
     __slots__ = (
+        "_framing",
         "_heartbeat",
         "_last_write",
         "_ping_interval",
@@ -65,8 +81,10 @@ class SSEWriter:
         ping_interval: float = 15.0,
         write_timeout: float | None = None,
         transport: asyncio.Transport | None = None,
+        framing: Framing | None = None,
     ) -> None:
         self._response = response
+        self._framing = framing  # None: OpenAI's `id:`/`data:` frames, written directly
         self._transport = transport
         self._ping_interval = ping_interval
         self._write_timeout = write_timeout
@@ -85,12 +103,13 @@ class SSEWriter:
         headers: dict[str, str] | None = None,
         first: LogEvents | None = None,
         write_timeout: float | None = None,
+        framing: Framing | None = None,
     ) -> SSEWriter:
         """Start the stream; `first` events are framed into the same write as the headers."""
         response_class = HeadersWithFirstWrite if first else web.StreamResponse
         response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
         await response.prepare(request)
-        writer = cls(response, ping_interval, write_timeout, request.transport)
+        writer = cls(response, ping_interval, write_timeout, request.transport, framing)
         await writer.send(first or [], preamble=RETRY)
         if ping_interval > 0:
             writer._wait_for_idle(ping_interval)
@@ -102,6 +121,9 @@ class SSEWriter:
 
     async def send(self, events: LogEvents, preamble: bytes = b"") -> None:
         """Frame each (seq, chunk) event and write them all at once, after `preamble`."""
+        if self._framing is not None:
+            await self._send_framed(events, preamble)
+            return
         if len(events) == 1:  # a live stream's usual write: one event, framed directly
             seq, payload = events[0][0], events[0][1]
             self.last_seq = seq
@@ -113,15 +135,28 @@ class SSEWriter:
         if preamble or frames:
             await self._write(preamble + b"".join(frames))
 
+    async def _send_framed(self, events: LogEvents, preamble: bytes) -> None:
+        if events:
+            self.last_seq = events[-1][0]
+        frame = self._framing.frame
+        body = preamble + b"".join([frame(e[0], e[1]) for e in events])
+        if body:
+            await self._write(body)
+
     async def send_error(self, error: dict) -> None:
         """An error that is not an event of the run (it gets no id)."""
+        if self._framing is not None:
+            await self._write(self._framing.error(error))
+            return
         await self._write(b"data: %b\n\n" % orjson.dumps({"error": error}))
 
     async def close(self) -> None:
-        """Write `[DONE]` and end the response; safe to call on a broken connection."""
+        """Write `[DONE]` (or the framing's end) and end the response; safe to call on a
+        broken connection."""
         self._stop_heartbeat()
+        done = DONE if self._framing is None else self._framing.done
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._response.write_eof(DONE)  # one write: last frame and end of body
+            await self._response.write_eof(done)  # one write: last frame and end of body
 
     def abandon(self) -> None:
         """Stop heartbeats without writing: the client is gone."""

@@ -49,6 +49,12 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 _RUN_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+IDEMPOTENCY_PARAM = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~ ]+$"},
+}
 # A run's GET routes (gateway/http/follow_access.py): its follow token in place of a credential.
 FOLLOW_TOKEN_PARAM = {
     "name": "token",
@@ -84,12 +90,6 @@ def _answer(
 def _chat_paths() -> dict[str, Any]:
     completion = {JSON: {"schema": ref("ChatCompletion")}}
     either = {**completion, SSE: {"schema": ref("StreamEvent")}}
-    idempotency = {
-        "name": "Idempotency-Key",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~ ]+$"},
-    }
     no_wait = {
         "name": "x-sluice-no-wait",
         "in": "header",
@@ -109,7 +109,7 @@ def _chat_paths() -> dict[str, Any]:
     create = {
         "operationId": "createChatCompletion",
         "summary": "Start a run; answer it whole, or stream it (`stream: true`).",
-        "parameters": [idempotency, no_wait],
+        "parameters": [IDEMPOTENCY_PARAM, no_wait],
         "requestBody": {
             "required": True,
             "content": {JSON: {"schema": ref("ChatCompletionRequest")}},

@@ -116,6 +116,8 @@ def cap_max_tokens(tenant: Tenant, chat: ChatRequest, param: str = "max_tokens")
 
 
 def prompt_estimate(chat: ChatRequest) -> int:
+    if chat.prompt is not None:  # a legacy completion's raw text
+        return estimate([("user", chat.prompt)])
     return estimate([(m.role, m.content or "") for m in chat.messages])
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway.app_keys import METRICS, OPEN_STREAMS, RUNS, SETTINGS
 from gateway.http.errors import internal_error, terminal_error
-from gateway.http.sse import SlowClient, SSEWriter
+from gateway.http.sse import Framing, SlowClient, SSEWriter
 from gateway.runs.endings import store_unavailable_error
 from gateway.runs.manager import RunManager
 from gateway.state.run_store import (
@@ -79,14 +79,16 @@ async def stream_log(
     *,
     resume: bool = False,
     answer_refusal: bool = True,
+    framing: Framing | None = None,
 ) -> web.StreamResponse:
     """The run's log as SSE, through `frames`. A `resume` raises ResumeWindowExpired (before
     anything is sent) when the log no longer holds what it asks for; with `answer_refusal`, a
-    run refused before any event is answered with its HTTP error instead of a stream."""
+    run refused before any event is answered with its HTTP error instead of a stream.
+    `framing`: another protocol's SSE framing (gateway/http/sse.py), else OpenAI's."""
     metrics = request.app[METRICS]
     begun: list[SSEWriter] = []  # the stream's writer, once its headers are out
     try:
-        await _follow(request, record, frames, headers, resume, answer_refusal, begun)
+        await _follow(request, record, frames, headers, resume, answer_refusal, begun, framing)
     except SlowClient:
         metrics.slow_clients.inc()
         metrics.disconnects.inc()
@@ -113,6 +115,7 @@ async def _follow(
     resume: bool,
     answer_refusal: bool,
     begun: list[SSEWriter],
+    framing: Framing | None,
 ) -> None:
     app = request.app
     runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
@@ -137,6 +140,7 @@ async def _follow(
                 headers,
                 first=None if outran else frames.first(first or []),
                 write_timeout=settings.slow_client_timeout or None,
+                framing=framing,
             )
             begun.append(writer)
             app[OPEN_STREAMS].add(asyncio.current_task())

@@ -81,10 +81,15 @@ def test_the_document_is_served_without_a_credential_and_names_every_route(serve
         "/v1/chat/completions",
         "/v1/chat/completions/{id}",
         "/v1/chat/completions/{id}/cancel",
+        "/v1/completions",
+        "/v1/completions/{id}",
+        "/v1/completions/{id}/cancel",
         "/v1/responses",
         "/v1/responses/{id}",
         "/v1/responses/{id}/cancel",
         "/v1/responses/{id}/input_items",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/v1/models/{model}",
         "/healthz",
@@ -100,11 +105,16 @@ OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/chat/completions/{id}"),
     ("POST", "/v1/chat/completions/{id}/cancel"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/completions/{id}"),
+    ("POST", "/v1/completions/{id}/cancel"),
     ("POST", "/v1/responses"),
     ("GET", "/v1/responses/{id}"),
     ("POST", "/v1/responses/{id}/cancel"),
     ("DELETE", "/v1/responses/{id}"),
     ("GET", "/v1/responses/{id}/input_items"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model}"),
     ("GET", "/healthz"),
@@ -124,7 +134,7 @@ def test_every_answer_matches_the_document(api_schema, served, method, path):
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
     def answers_as_documented(case) -> None:
         body = case.body
-        creates = ("/v1/chat/completions", "/v1/responses")
+        creates = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
         if path in creates and isinstance(body, dict) and len(calls) % 2:
             body["model"] = "scripted"  # half of them reach the upstream
             if isinstance(body.get("metadata"), dict):  # the scripted upstream's own knob
