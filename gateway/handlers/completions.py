@@ -10,7 +10,6 @@ retrieve by its id answers in the same shape.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from typing import Any
 
@@ -22,7 +21,7 @@ from gateway.completions.render import CompletionRenderer, completion_object, re
 from gateway.completions.request import META, CompletionParams, parse_completion_request
 from gateway.handlers.answers import following
 from gateway.handlers.chat import read_json
-from gateway.handlers.runs import CANCEL_WAIT, nothing_after, resume_point
+from gateway.handlers.runs import cancelled, nothing_after, resume_point
 from gateway.http.errors import APIError, invalid_request, resume_window_expired, terminal_error
 from gateway.http.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.http.sse import SSEWriter
@@ -204,12 +203,5 @@ async def retrieve_completion(request: web.Request) -> web.StreamResponse:
 
 async def cancel_completion(request: web.Request) -> web.Response:
     """`POST /v1/completions/{id}/cancel`: idempotent; answers the run's terminal status."""
-    record = await _owned_completion(request)
-    runs = request.app[RUNS]
-    if not record.status.is_terminal:
-        await runs.cancel(record.run_id, "client")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CANCEL_WAIT):
-                await runs.result(record.run_id)
-        record = await runs.get(record.run_id)
+    record = await cancelled(request, await _owned_completion(request))
     return _json(completion_run_object(record))

@@ -8,7 +8,6 @@ or delete it, each only for the response's tenant (another tenant's id is a 404)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from typing import Any
 
@@ -18,7 +17,7 @@ from aiohttp import web
 from gateway.app_keys import DRAIN, METRICS, PRINCIPAL, RUNS
 from gateway.handlers.answers import following
 from gateway.handlers.chat import read_json
-from gateway.handlers.runs import CANCEL_WAIT
+from gateway.handlers.runs import cancelled
 from gateway.http.errors import APIError, invalid_request, resume_window_expired, terminal_error
 from gateway.http.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.protocol import parse_chat_request
@@ -166,15 +165,8 @@ async def retrieve_response(request: web.Request) -> web.StreamResponse:
 
 async def cancel_response(request: web.Request) -> web.Response:
     """`POST /v1/responses/{id}/cancel`: idempotent; answers the response once it has ended."""
-    record = await owned_response(request, request.match_info["id"])
-    runs = request.app[RUNS]
-    if not record.status.is_terminal:
-        await runs.cancel(record.run_id, "client")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CANCEL_WAIT):
-                await runs.result(record.run_id)
-        record = await runs.get(record.run_id)
-    return _json(await current_object(runs, record))
+    record = await cancelled(request, await owned_response(request, request.match_info["id"]))
+    return _json(await current_object(request.app[RUNS], record))
 
 
 async def delete_response(request: web.Request) -> web.Response:

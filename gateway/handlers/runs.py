@@ -124,14 +124,19 @@ async def retrieve_chat_completion(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def cancelled(request: web.Request, record: RunRecord) -> RunRecord:
+    """The run cancelled by its client (idempotent), as it stands once it ended, or after
+    CANCEL_WAIT if its upstream is slow to confirm."""
+    runs = request.app[RUNS]
+    if record.status.is_terminal:
+        return record
+    await runs.cancel(record.run_id, "client")
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(CANCEL_WAIT):
+            await runs.result(record.run_id)
+    return await runs.get(record.run_id)
+
+
 async def cancel_chat_completion(request: web.Request) -> web.Response:
     """`POST /v1/chat/completions/{id}/cancel`: idempotent; answers the run's terminal status."""
-    record = await _owned_run(request)
-    runs = request.app[RUNS]
-    if not record.status.is_terminal:
-        await runs.cancel(record.run_id, "client")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CANCEL_WAIT):
-                await runs.result(record.run_id)
-        record = await runs.get(record.run_id)
-    return _json(run_object(record))
+    return _json(run_object(await cancelled(request, await _owned_run(request))))
