@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from adapters.requests import ChatRequest
+from gateway.field_check import check_fields
 from gateway.http.errors import APIError, invalid_request
 from gateway.protocol import MAX_INT64, parse_chat_request
 from wire.limits import shown
@@ -95,16 +96,7 @@ def _unsupported(param: str, what: str | None = None) -> APIError:
 
 
 def _check_fields(body: dict[str, Any]) -> None:
-    for name, value in body.items():
-        if name in HONOURED:
-            continue
-        if name not in REFUSED:
-            param = name if len(name) <= 40 else None  # a field name, not a place for bytes
-            raise invalid_request(
-                param, f"{shown(name)}: Extra inputs are not permitted.", code="unknown_parameter"
-            )
-        if value is not None and value != REFUSED[name]:
-            raise _unsupported(name)
+    check_fields(body, HONOURED, REFUSED, lambda name: f"{name}: Extra inputs are not permitted.")
 
 
 def _block_type(block: Any, where: str) -> str:

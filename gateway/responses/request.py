@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.field_check import check_fields
 from gateway.http.errors import APIError, invalid_request
 from gateway.protocol import TOOL_CHOICES
 from gateway.responses.items import input_messages
@@ -106,18 +107,7 @@ def renamed(exc: APIError) -> APIError:
 
 
 def _check_fields(body: dict[str, Any]) -> None:
-    for name, value in body.items():
-        if name in HONOURED:
-            continue
-        if name not in REFUSED:
-            param = name if len(name) <= 40 else None  # a field name, not a place for bytes
-            raise invalid_request(
-                param, f"Unknown parameter: {shown(name)}.", code="unknown_parameter"
-            )
-        if value is not None and value != REFUSED[name]:
-            raise invalid_request(
-                name, f"'{name}' is not supported by sluicegate.", code="unsupported_parameter"
-            )
+    check_fields(body, HONOURED, REFUSED, lambda name: f"Unknown parameter: {name}.")
     if body.get("parallel_tool_calls") is False:
         raise invalid_request(
             "parallel_tool_calls",
