@@ -86,8 +86,10 @@ class BackendFailed(Exception):
 
 class Adapter(Protocol):
     """What the gateway needs from an upstream. Optional beside these: `stats()` (our workers'
-    load, read by a pool) and `capacity()`, how many runs this gateway may stream from it at
-    once, None when unbounded (flow control, design §12)."""
+    load, read by a pool), `capacity()`, how many runs this gateway may stream from it at
+    once, None when unbounded (flow control, design §12), and `embed(inputs, dimensions,
+    request_id)` → `wire.embed_body.Embeddings` where the backend serves embeddings (an adapter
+    without it does not)."""
 
     name: str
 

@@ -5,6 +5,7 @@ stream: the gateway assembles non-streaming answers itself, and closing the upst
 how a request is aborted. Upstream error text never passes this module. A request with a raw
 prompt (a legacy completion, `ChatRequest.prompt`) goes to the upstream's own `/completions`,
 its `text_completion` chunks read by adapters/completion_chunks.py into the same events.
+Embeddings are proxied to the upstream's `/embeddings` (floats asked for; the gateway encodes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from adapters.completion_chunks import completion_chunk_events
 from adapters.events import Accepted, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
+from wire.embed_body import Embeddings
 
 _OPTIONAL = (
     "max_tokens",
@@ -191,6 +193,29 @@ class OpenAIUpstreamAdapter:
             else:
                 resp.close()
 
+    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+        """The upstream's vectors of `inputs` (its `/embeddings`, as floats) and its usage."""
+        assert self._session is not None
+        body: dict[str, Any] = {
+            "model": self.upstream_model,
+            "input": inputs,
+            "encoding_format": "float",
+        }
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        headers = {**self._headers, "X-Request-Id": request_id}
+        try:
+            async with self._session.post(
+                f"{self.base_url}/embeddings", data=orjson.dumps(body), headers=headers
+            ) as resp:
+                if resp.status != 200:
+                    await _raise_for_status(resp)
+                return _embeddings(orjson.loads(await resp.read()), len(inputs))
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable("The upstream model server is unreachable.") from exc
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not OpenAI's shape
+            raise BackendFailed("The upstream sent a malformed embeddings answer.") from exc
+
     async def abort(self, request_id: str) -> bool:
         """No in-band abort in the OpenAI API: closing the stream is the abort (and the stream
         never yields `Admitted` or `Aborted`)."""
@@ -214,6 +239,19 @@ def _events_of(
         except ValueError as exc:  # orjson.JSONDecodeError and BadChunk both are
             return events, done, exc
     return events, done, None
+
+
+def _embeddings(answer: dict[str, Any], count: int) -> Embeddings:
+    """OpenAI's embeddings list read back in input order; ValueError when it is not one
+    vector of numbers per input."""
+    items = sorted(answer["data"], key=lambda item: item["index"])
+    vectors = [item["embedding"] for item in items]
+    if [item["index"] for item in items] != list(range(count)) or not all(
+        isinstance(v, list) and all(isinstance(x, int | float) for x in v) for v in vectors
+    ):
+        raise ValueError("not one vector per input")
+    tokens = answer.get("usage", {}).get("prompt_tokens", 0)
+    return Embeddings(vectors, tokens if isinstance(tokens, int) else 0)
 
 
 async def _raise_for_status(resp: aiohttp.ClientResponse) -> None:

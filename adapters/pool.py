@@ -14,6 +14,8 @@ it best, and a dead or hung member costs the client nothing it can see.
   retried. A run whose member dies or is taken out mid-stream continues on another member from
   the exact token (adapters/pool_continuation.py); a run that cannot be continued ends with a
   `worker_failed` error event, never a hang.
+- Embeddings (`embed`): routed like a request not yet started, among the members that serve
+  them, and failed over the same way before the answer; there is no stream to continue.
 - Breakers and the retry budget: each member has a circuit breaker (adapters/breaker.py) that
   takes it out of routing when its requests keep failing; a retry before the first event asks
   the gateway's retry budget first (adapters/retry_budget.py) and waits a jittered backoff. A
@@ -39,6 +41,7 @@ from adapters.pool_members import EVICT_AFTER_PROBES, Lease, Member, MemberLost,
 from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
 from adapters.retry_budget import RetryBudget, retry_reason
+from wire.embed_body import Embeddings
 
 log = structlog.get_logger("sluice.pool")
 RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
@@ -403,6 +406,35 @@ class PoolAdapter:
             member.release(lease)
             if self._serving.get(request_id, (None,))[0] is lease:
                 del self._serving[request_id]
+
+    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+        """The vectors from a usable member that serves embeddings; on a failure before its
+        answer, the next one (the retry budget allowing); a refusal is the request's own."""
+        tried = {i for i, m in enumerate(self.members) if not hasattr(m.adapter, "embed")}
+        if len(tried) == len(self.members):
+            raise BackendRejected(
+                f"Model '{self.model}' does not serve embeddings.", "model", code="invalid_value"
+            )
+        self.budget.requested(request_id)
+        routing = ChatRequest(self.model or self.name, [])  # no prompt: load alone decides
+        last: Exception = BackendUnavailable("No member of the pool can serve this model now.")
+        while (index := self.choose(routing, tried)) is not None:
+            tried.add(index)
+            member = self.members[index]
+            lease = member.lease(self.clock())
+            try:
+                answer = await member.adapter.embed(inputs, dimensions, request_id)
+                member.answered(lease, self.clock())
+                return answer
+            except (BackendUnavailable, BackendFailed) as exc:
+                member.failed(self.clock(), lease, exc)
+                last = exc
+                if not self.budget.allow(retry_reason(exc)):
+                    break
+                log.warning("pool member failed an embedding", member=member.name, retry=True)
+            finally:
+                member.release(lease)
+        raise last
 
     async def abort(self, request_id: str) -> bool:
         """Routed to the member streaming `request_id`; an id no member streams is False."""

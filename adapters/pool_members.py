@@ -199,10 +199,15 @@ class Member:
             if kind is ErrorEvent and event.code in MEMBER_FAULTS:
                 self.failed(now, lease)
                 return
-            if not lease.judged and kind is not Accepted and kind is not Admitted:
-                lease.judged = True
-                self.suspect = False
-                self.breaker.succeeded(now, lease.probe)
+            if kind is not Accepted and kind is not Admitted:
+                self.answered(lease, now)
+
+    def answered(self, lease: Lease, now: float) -> None:
+        """The request's first output came (or its whole answer, an embedding's): a success."""
+        if not lease.judged:
+            lease.judged = True
+            self.suspect = False
+            self.breaker.succeeded(now, lease.probe)
 
     def failed(self, now: float, lease: Lease | None = None, exc: Exception | None = None) -> None:
         """A request failed here (once per request): counted, and by its breaker, which may

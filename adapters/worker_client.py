@@ -39,6 +39,7 @@ from adapters.events import (
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 from wire import api
+from wire.embed_body import Embeddings, EmbedRequest, read_embed_answer
 from wire.generate_body import GenerateRequest
 from wire.output_spec import parse_response_format, parse_tools
 from wire.sampling_params import InvalidParam, SamplingParams
@@ -237,6 +238,24 @@ class WorkerAdapter:
             raise BackendFailed("The connection to the model worker was lost.") from exc
         finally:
             resp.close()
+
+    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+        """The worker's unit vectors of `inputs` (`POST /v1/embed`), in order."""
+        assert self._session is not None
+        body = EmbedRequest(request_id, inputs, dimensions).to_json()
+        try:
+            async with self._session.post(
+                f"{self.base_url}/v1/embed",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                if resp.status != 200:
+                    await _raise_for_status(resp)
+                return read_embed_answer(await resp.read())
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable("The model worker is unreachable.") from exc
+        except ValueError as exc:  # not JSON, or not an answer this version reads
+            raise BackendFailed("The model worker sent a malformed answer.") from exc
 
     async def abort(self, request_id: str) -> bool:
         """Ask the worker to stop `request_id`; False when it does not know it or is unreachable

@@ -39,6 +39,7 @@ from gateway.handlers.completions import (
     retrieve_completion,
 )
 from gateway.handlers.docs import openapi_json
+from gateway.handlers.embeddings import create_embeddings
 from gateway.handlers.health import healthz, metrics, readyz
 from gateway.handlers.messages import count_tokens, create_message
 from gateway.handlers.models import list_models, retrieve_model
@@ -182,6 +183,7 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_post("/v1/responses/{id}/cancel", cancel_response)
     app.router.add_delete("/v1/responses/{id}", delete_response)
     app.router.add_get("/v1/responses/{id}/input_items", list_input_items)
+    app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_post("/v1/messages", create_message)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", list_models)

@@ -23,6 +23,10 @@ connection, a 500, a 429, a cut, a stall, a malformed chunk, no `[DONE]`) into a
 default streams, `POST /_chaos/down?seconds=S` drops every request for a while, and
 `GET /_chaos/stats` counts the requests it got and the tokens it generated.
 
+`POST /v1/embeddings` answers OpenAI's shape with `EMBEDDING_SIZE` floats per input, derived
+from the text's hash (the same text, the same unit vector); `dimensions` truncates them, and
+one above the size is a 400 naming it; each input's words count as its tokens.
+
 Run standalone: `python -m testkit.scripted_upstream --port 9001 --delay-ms 20`
 (`--faults 0.1 --seed 1` for faults; `--help` for the rest).
 """
@@ -32,6 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -457,6 +463,33 @@ async def legacy_completions(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+EMBEDDING_SIZE = 8
+
+
+def embedding_of(text: str, dimensions: int = EMBEDDING_SIZE) -> list[float]:
+    """The scripted unit vector of `text`: its hash's first bytes, centred and normalised."""
+    raw = [b - 127.5 for b in hashlib.sha256(text.encode()).digest()[:dimensions]]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    body = await request.json()
+    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    dimensions = body.get("dimensions") or EMBEDDING_SIZE
+    if dimensions > EMBEDDING_SIZE:
+        error = {"message": "too many dimensions", "type": "invalid_request_error"}
+        return web.json_response({"error": error | {"param": "dimensions"}}, status=400)
+    data = [
+        {"object": "embedding", "index": i, "embedding": embedding_of(t, dimensions)}
+        for i, t in enumerate(texts)
+    ]
+    tokens = sum(max(1, len(t.split())) for t in texts)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    answer = {"object": "list", "data": data, "model": body["model"], "usage": usage}
+    return web.json_response(answer)
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
@@ -468,6 +501,7 @@ def make_app(state: UpstreamState | None = None) -> web.Application:
     app[STATS] = state.stats
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", legacy_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/_chaos/stats", stats)
     app.router.add_post("/_chaos/down", down)

@@ -27,7 +27,9 @@ import orjson
 # 5: `prompt` (a string) in place of `messages` (exactly one of them): raw text, tokenized as it
 # is with no chat template (a legacy completion's). A version-4 worker would refuse the body
 # for its missing `messages`.
-API_VERSION = 5
+# 6: `POST /v1/embed` (unit vectors of texts, the model's final hidden state mean-pooled). A
+# version-5 worker answers it 404, so the gateway refuses one rather than fail each embedding.
+API_VERSION = 6
 
 
 class BadRequest(Exception):

@@ -252,7 +252,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [_message(i, m) for i, m in enumerate(value)]
 
 
-def _request_id(body: dict[str, Any]) -> str:
+def parse_request_id(body: dict[str, Any]) -> str:
+    """The body's `request_id` (every worker route's body has one); BadRequest naming it."""
     value = body.get("request_id")
     if not isinstance(value, str) or not 0 < len(value) <= MAX_REQUEST_ID_LEN:
         raise BadRequest(
@@ -267,7 +268,7 @@ def parse_generate(body: Any) -> GenerateBody:
     """Validate a decoded JSON body; raises BadRequest naming the first bad field."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", None, "invalid_type")
-    request_id, prompt = _request_id(body), _prompt(body)
+    request_id, prompt = parse_request_id(body), _prompt(body)
     messages = [] if prompt is not None else _messages(body)
     try:
         params = SamplingParams(

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from common import aiohttp_internals
 from wire import api
 from wire.api import BadRequest
+from wire.embed_body import parse_embed
 from wire.generate_body import parse_generate
 from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
 from workers.async_engine import DuplicateRequest, EngineNotRunning
@@ -151,6 +152,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def embed(request: web.Request) -> web.Response:
+    """Unit vectors of the body's inputs, in one JSON answer (no stream: nothing to cancel
+    mid-way but the call)."""
+    service = request.app[SERVICE]
+    if not service.is_ready:
+        return _not_ready()
+    try:
+        answer = await service.embed(parse_embed(await _read_json(request)))
+    except BadRequest as e:
+        return _error(400, e.message, e.code, e.param)
+    return _json(answer.wire())
+
+
 async def _stream(
     response: web.StreamResponse, first: api.Line, events: AsyncIterator[api.Line]
 ) -> None:
@@ -196,4 +210,5 @@ def create_worker_app(
     app.router.add_get("/v1/stats", stats)
     app.router.add_post("/v1/generate", generate)
     app.router.add_post("/v1/abort", abort)
+    app.router.add_post("/v1/embed", embed)
     return app

@@ -23,10 +23,12 @@ from prometheus_client import CollectorRegistry
 
 from wire import api
 from wire.api import BadRequest
+from wire.embed_body import Embeddings, EmbedRequest
 from wire.generate_body import GenerateBody
 from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, raw_prompt, render_prompt, shared_prefix_len
 from workers.config import WorkerConfig
+from workers.embedding import embed_ids, hidden_size
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, EngineStats
 from workers.metrics import WorkerMetrics
@@ -74,6 +76,7 @@ class WorkerService:
         self._started_at = 0
         self._engine: AsyncEngine | None = None
         self._tokenize: ThreadPoolExecutor | None = None
+        self._embed: ThreadPoolExecutor | None = None  # embeddings' forward passes
         self._grammar: GrammarCompiler | None = None
         self.ready = asyncio.Event()
         self.failed = asyncio.Event()
@@ -90,6 +93,7 @@ class WorkerService:
             engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs(device))
             self._grammar = await asyncio.to_thread(self._grammar_compiler, loaded, engine)
             self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
+            self._embed = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-embed")
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
             self._engine.start()
             self._loaded = loaded
@@ -134,8 +138,9 @@ class WorkerService:
         """End every live stream and the engine thread (idempotent)."""
         if self._engine is not None:
             await self._engine.stop()
-        if self._tokenize is not None:
-            self._tokenize.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._tokenize, self._embed):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         if self._grammar is not None:
             self._grammar.close()
 
@@ -248,6 +253,33 @@ class WorkerService:
                 "continuation",
             )
 
+    async def embed(self, body: EmbedRequest) -> Embeddings:
+        """Unit vectors of the inputs (workers/embedding.py), computed on the embedding thread;
+        BadRequest naming `input` or `dimensions` before any is computed."""
+        loaded = self._require_loaded()
+        model = loaded.model
+        size = hidden_size(model)
+        if body.dimensions is not None and body.dimensions > size:
+            raise BadRequest(
+                f"dimensions must be at most {size}, this model's embedding size", "dimensions"
+            )
+        loop = asyncio.get_running_loop()
+        prompts = await loop.run_in_executor(
+            self._tokenize, _raw_prompts, loaded.tokenizer, body.inputs
+        )
+        limit = context_length(model.config)
+        for i, ids in enumerate(prompts):
+            if not 0 < len(ids) <= limit:
+                raise BadRequest(
+                    f"input[{i}] is {len(ids)} tokens; this model takes 1 to {limit}",
+                    "input",
+                    "context_length_exceeded",
+                )
+        vectors = await loop.run_in_executor(
+            self._embed, embed_ids, model, prompts, body.dimensions
+        )
+        return Embeddings(vectors, sum(len(ids) for ids in prompts))
+
     def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
         return self._require_engine().generate(request)
 
@@ -263,6 +295,10 @@ class WorkerService:
         if self._engine is None:
             raise RuntimeError("the engine is not running yet")
         return self._engine
+
+
+def _raw_prompts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return [raw_prompt(tokenizer, text) for text in texts]
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

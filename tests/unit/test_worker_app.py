@@ -71,7 +71,7 @@ async def test_health_and_model(client) -> None:
         "vocab_size": 600,
         "device": "cpu",
         "dtype": "float32",
-        "api_version": 5,
+        "api_version": 6,
         "max_body_bytes": (4 << 20) + (64 << 10) + (1 << 20),
         "max_num_seqs": 32,
     }

@@ -1,0 +1,110 @@
+"""The Embeddings request and answer: parsing as OpenAI checks it, base64 as OpenAI encodes it,
+and the worker body both ends share."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import orjson
+import pytest
+
+from gateway.embeddings.render import embeddings_object
+from gateway.embeddings.request import parse_embeddings_request
+from gateway.http.errors import APIError
+from wire.api import BadRequest
+from wire.embed_body import MAX_EMBED_INPUTS, Embeddings, EmbedRequest, parse_embed
+
+VECTORS = [[0.6, -0.8, 0.0], [1.0, 0.0, 0.0]]
+
+
+def make_body(**fields) -> dict:
+    return {"model": "m", "input": "hello", **fields}
+
+
+def refused_param(body) -> str | None:
+    with pytest.raises(APIError) as caught:
+        parse_embeddings_request(body)
+    assert caught.value.status == 400
+    return caught.value.param
+
+
+def test_a_string_or_a_list_of_strings():
+    assert parse_embeddings_request(make_body()).inputs == ["hello"]
+    asked = parse_embeddings_request(
+        make_body(input=["a", "b"], encoding_format="base64", dimensions=2, user="u")
+    )
+    assert (asked.inputs, asked.encoding_format, asked.dimensions, asked.user) == (
+        ["a", "b"],
+        "base64",
+        2,
+        "u",
+    )
+    assert parse_embeddings_request(make_body(encoding_format=None)).encoding_format == "float"
+    assert parse_embeddings_request(make_body(dimensions=8.0)).dimensions == 8  # JSON's integer
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": None}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["a", ""]}, "input"),
+        ({"input": [1, 2, 3]}, "input"),  # token ids: not yet
+        ({"input": [[1, 2], [3]]}, "input"),
+        ({"input": ["a"] * (MAX_EMBED_INPUTS + 1)}, "input"),
+        ({"input": {"text": "a"}}, "input"),
+        ({"model": ""}, "model"),
+        ({"encoding_format": "binary"}, "encoding_format"),
+        ({"dimensions": 0}, "dimensions"),
+        ({"dimensions": True}, "dimensions"),
+        ({"dimensions": 1.5}, "dimensions"),
+        ({"dimensions": 1 << 17}, "dimensions"),
+        ({"user": 3}, "user"),
+    ],
+)
+def test_refusals_name_the_field(fields, param):
+    assert refused_param(make_body(**fields)) == param
+
+
+def test_token_ids_are_refused_as_unsupported():
+    with pytest.raises(APIError) as caught:
+        parse_embeddings_request(make_body(input=[1, 2, 3]))
+    assert caught.value.code == "unsupported_value"
+
+
+def test_float_answer_in_openais_shape():
+    body = embeddings_object(Embeddings(VECTORS, 7), "m", "float")
+    assert body == {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": 0, "embedding": VECTORS[0]},
+            {"object": "embedding", "index": 1, "embedding": VECTORS[1]},
+        ],
+        "model": "m",
+        "usage": {"prompt_tokens": 7, "total_tokens": 7},
+    }
+
+
+def test_base64_is_the_little_endian_float32_bytes_of_the_floats():
+    body = embeddings_object(Embeddings(VECTORS, 7), "m", "base64")
+    for item, vector in zip(body["data"], VECTORS, strict=True):
+        raw = base64.b64decode(item["embedding"])
+        assert raw == struct.pack("<3f", *vector)
+        decoded = struct.unpack("<3f", raw)
+        assert decoded == pytest.approx(vector, abs=1e-7)
+
+
+def test_the_worker_body_round_trips_and_refuses_naming_the_field():
+    sent = EmbedRequest("emb-1", ["a", "b"], 4)
+    assert parse_embed(orjson.loads(sent.to_json())) == sent
+    for body, param in [
+        ({"request_id": "", "input": ["a"]}, "request_id"),
+        ({"request_id": "r", "input": "a"}, "input"),
+        ({"request_id": "r", "input": []}, "input"),
+        ({"request_id": "r", "input": ["a"], "dimensions": -1}, "dimensions"),
+    ]:
+        with pytest.raises(BadRequest) as caught:
+            parse_embed(body)
+        assert caught.value.param == param
