@@ -4,21 +4,18 @@ real Redis Stream."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from gateway.cli.usage import COLUMNS, format_table, parse_since
 from gateway.state.ledger import JsonlLedger, RedisLedger, UsageRecord, totals
+from tests.support.redis_scratch import REDIS_URL, scratch_redis
 
-REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,20 +46,6 @@ def make_record(
         e2e_s=1.25,
         ended_at=ended_at,
     )
-
-
-@contextlib.asynccontextmanager
-async def scratch_redis():
-    """A real Redis client and a key prefix of this test's own, removed afterwards."""
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    try:
-        yield client, prefix
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 @pytest.fixture

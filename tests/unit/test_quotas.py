@@ -5,9 +5,6 @@ fake clock the test advances; the Redis-only tests run two stores as two replica
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import uuid
 
 import pytest
 from redis.asyncio import Redis
@@ -22,8 +19,8 @@ from policies.quotas import (
     estimate_prompt_tokens,
     openai_duration,
 )
+from tests.support.redis_scratch import REDIS_URL, scratch_redis
 
-REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # 20 s before a minute boundary and 1,200 s into an hour-long budget period
 START = 1_700_002_800.0 + 1_200.0 - 20.0
 assert START % 60 == 40 and START % 3600 == 1180
@@ -43,20 +40,6 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-@contextlib.asynccontextmanager
-async def scratch_redis():
-    """A Redis client and a key prefix of this test's own, its keys deleted at the end."""
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    try:
-        yield client, prefix
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 @pytest.fixture

@@ -4,9 +4,6 @@ woken by appends. Every backend runs the same table: in-process, and a real Redi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import uuid
 
 import pytest
 from redis.asyncio import Redis
@@ -24,23 +21,8 @@ from gateway.state.run_store import (
 from gateway.state.run_store_memory import MemoryRunStore
 from gateway.state.run_store_mirrored import MirroredRunStore
 from gateway.state.run_store_redis import RedisRunStore
+from tests.support.redis_scratch import scratch_redis
 from tests.support.redis_server import PrivateRedis
-
-REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-@contextlib.asynccontextmanager
-async def scratch_redis():
-    """A real Redis client and a key prefix of this test's own, removed afterwards."""
-    client = Redis.from_url(REDIS_URL)
-    prefix = f"sluice-test-{uuid.uuid4().hex[:12]}:"
-    try:
-        yield client, prefix
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 @pytest.fixture
