@@ -59,6 +59,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "by tier and weight, and local workers schedule the same way; fcfs: as they come",
     )
     _add_run_arguments(p)
+    _add_connection_arguments(p)
     _add_browser_arguments(p)
     engine = p.add_argument_group(
         "local workers' engine", "handed to each local worker; also the config's [worker] table"
@@ -92,7 +93,7 @@ def _add_browser_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Tenants, state, a run's deadlines and retention, connections, pool and shutdown."""
+    """Tenants, state, a run's deadlines and retention."""
     p.add_argument("--api-key", action="append", default=[], help="accepted bearer key")
     p.add_argument("--tenants", help="tenants TOML file")
     p.add_argument("--redis-url", help="Redis for state shared by replicas")
@@ -119,6 +120,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--idempotency-ttl", type=float, help="seconds an Idempotency-Key lives (24 h)")
     p.add_argument("--usage-file", help="JSONL usage ledger when there is no Redis")
+
+
+def _add_connection_arguments(p: argparse.ArgumentParser) -> None:
+    """Connections and streams, the pool's routing and retries, and shutdown."""
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     p.add_argument(
         "--body-timeout", type=float, help="seconds to receive a request head or body (408)"

@@ -88,6 +88,28 @@ def _table(rows: Iterable[str]) -> str:
     return "\n".join([_HEAD, *rows])
 
 
+# the serve page's example config file
+_SERVE_EXAMPLE = (
+    "```toml\n"
+    'host = "0.0.0.0"\n'
+    'redis_url = "redis://localhost:6379/0"\n'
+    "queue_timeout = 60\n"
+    'api_key = ["sk-sluice-…"]\n\n'
+    "[worker]\n"
+    "max_num_seqs = 64\n"
+    'kv_cache_memory = "4GiB"\n\n'
+    "[upstreams.qwen]\n"
+    'url = "http://vllm:8000/v1"\n'
+    "capacity = 32\n\n"
+    "[upstreams.qwen-small]\n"
+    'url = "http://vllm-small:8000/v1"\n\n'
+    '[models."chat-default"]\n'
+    'targets = ["qwen", "qwen-small"]\n'
+    "first_token_timeout = 10\n"
+    "```"
+)
+
+
 def render_serve() -> str:
     """docs/reference/serve.md: the gateway's settings, then its `[worker]` table."""
     parser = serve_parser()
@@ -134,23 +156,7 @@ def render_serve() -> str:
             "may take to its first token before the next is tried. See "
             "[Model aliases and fallbacks](../routing.md).",
             "## Example",
-            "```toml\n"
-            'host = "0.0.0.0"\n'
-            'redis_url = "redis://localhost:6379/0"\n'
-            "queue_timeout = 60\n"
-            'api_key = ["sk-sluice-…"]\n\n'
-            "[worker]\n"
-            "max_num_seqs = 64\n"
-            'kv_cache_memory = "4GiB"\n\n'
-            "[upstreams.qwen]\n"
-            'url = "http://vllm:8000/v1"\n'
-            "capacity = 32\n\n"
-            "[upstreams.qwen-small]\n"
-            'url = "http://vllm-small:8000/v1"\n\n'
-            '[models."chat-default"]\n'
-            'targets = ["qwen", "qwen-small"]\n'
-            "first_token_timeout = 10\n"
-            "```",
+            _SERVE_EXAMPLE,
         ]
     )
 
