@@ -1,10 +1,10 @@
 """The engine's greedy tokens on a device against `model.generate`, prompt by prompt.
 
 The tests hold the engine to `generate` on a CPU. On a GPU the same comparison runs here: the
-engine takes every prompt in one batch (prefill and decode rows, the paged cache), `generate`
-one prompt at a time. In float32 the two should agree token for token; where they part (two
-logits within rounding of each other, summed in another order by another kernel), the table
-shows where.
+engine takes every prompt in one batch (prefill and decode rows, the paged cache; on CUDA its
+decode-only steps replay CUDA graphs, workers/decode_graphs.py), `generate` one prompt at a
+time. In float32 the two should agree token for token; where they part (two logits within
+rounding of each other, summed in another order by another kernel), the table shows where.
 
     python bench/device_greedy.py --model PATH --device cuda --dtype float32
 """
@@ -75,6 +75,9 @@ def main() -> None:
         where = "identical" if parted is None else f"parts at token {parted}"
         print(f"  prompt {i} ({len(prompts[i])} tokens): {where}")
     print(f"device_greedy: {same} of {len(prompts)} identical to generate ({args.dtype})")
+    graphs = getattr(engine.runner, "graphs", None)  # decode-only steps (decode_graphs.py)
+    if graphs is not None:
+        print(f"  decode graphs: {graphs.graph_count} captured, {graphs.replays} steps run")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ For each concurrency, a wave of requests is run until every one decodes; then `-
 decode-only steps are timed (wall, and this thread's CPU) and profiled (torch.profiler, CPU and
 CUDA): kernels launched per step, the GPU's busy time per step (the kernels' summed durations),
 and the ops with the most host time. A first line times a bare op's launch on the device, the
-floor under every kernel the step launches.
+floor under every kernel the step launches. `--graphs on,off` profiles each concurrency with the
+decode-only steps replayed as CUDA graphs (decode_graphs.py) and eager: "launch calls" counts
+the host's kernel and graph launches per step.
 
-    python bench/device_profile.py --model PATH --device cuda --concurrency 1,64
+    python bench/device_profile.py --model PATH --device cuda --concurrency 1,64 --graphs on,off
 """
 
 from __future__ import annotations
@@ -87,14 +89,17 @@ def summarize(
 ) -> list[str]:
     events = prof.key_averages(group_by_input_shape=shapes)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    launches = [e for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel")]
+    launches = [
+        e for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")
+    ]
     gpu_ms = sum(e.device_time for e in kernels) / 1000 / steps
     launch_ms = sum(e.self_cpu_time_total for e in launches) / 1000 / steps
     lines = [
         f"  per step: wall {1000 * sorted(walls)[len(walls) // 2]:.1f} ms (median), "
         f"thread CPU {1000 * sorted(cpus)[len(cpus) // 2]:.1f} ms, "
         f"kernels {len(kernels) / steps:.0f}, GPU busy {gpu_ms:.2f} ms, "
-        f"in launch calls {launch_ms:.1f} ms",
+        f"launch calls {sum(e.count for e in launches) / steps:.0f} "
+        f"taking {launch_ms:.1f} ms",
         "  host time by op (self CPU, ms per step):",
     ]
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
@@ -116,14 +121,23 @@ def main() -> None:
         action="store_true",
         help="rank ops by input shape too (how a copy inside a bf16 batched matmul was found)",
     )
+    p.add_argument(
+        "--graphs", default="on", help="on, off or on,off: decode steps as CUDA graphs, eager"
+    )
     args = p.parse_args()
     model, tokenizer = load_model_of(args)
     print(f"device_profile: a bare launch takes {launch_us(args.device):.1f} us on {args.device}")
     for c in (int(x) for x in args.concurrency.split(",")):
-        engine = decoding_engine(model, tokenizer, c, max_new=args.steps + 400)
-        walls, cpus, prof = profile_steps(engine, args.steps, args.device, args.shapes)
-        print(f"c={c}, {args.dtype}, {args.steps} decode steps")
-        print("\n".join(summarize(walls, cpus, prof, args.steps, args.shapes)))
+        for graphs in args.graphs.split(","):
+            engine = decoding_engine(
+                model, tokenizer, c, max_new=args.steps + 400, cuda_graphs=graphs == "on"
+            )
+            walls, cpus, prof = profile_steps(engine, args.steps, args.device, args.shapes)
+            print(f"c={c}, {args.dtype}, {args.steps} decode steps, CUDA graphs {graphs}")
+            print("\n".join(summarize(walls, cpus, prof, args.steps, args.shapes)))
+            held = getattr(engine.runner, "graphs", None)
+            if held is not None:
+                print(f"  decode graphs: {held.graph_count} captured, {held.replays} steps run")
 
 
 if __name__ == "__main__":

@@ -21,11 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine_drive import drive
+from engine_drive import EMBED_BACKLOG, EMBED_TOKENS, Embedded, drive
 from engine_hf_rows import make_cb_manager, run_cb, run_generate
 from engine_rows import ENGINE_KWARGS, bench_grammar, engine_settings, make_engine
 from engine_stats import summarize
-from engine_workload import Arrival, build_prompts, mixed_prompts, plan, warmup_size
+from engine_workload import (
+    Arrival,
+    build_prompts,
+    document_prompt,
+    mixed_prompts,
+    plan,
+    warmup_size,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).with_name("engine_throughput.py")
@@ -47,13 +54,14 @@ PASSED_ON = (  # the parent's settings every cell gets, when set
 
 
 def open_row(row: str, model: Any, tokenizer: Any, args: argparse.Namespace, c: int, prompts):
-    """(run arrivals, close, settings used) for this row at concurrency c."""
+    """(run arrivals, close, settings used, row (g)'s embedding client) for this row at
+    concurrency c."""
     if row in ("a", "b"):
 
         def run_hf(arrivals: list[Arrival], tag: str, n: int) -> list:
             return run_generate(model, tokenizer, [a.prompt for a in arrivals], n)
 
-        return run_hf, lambda: None, {}
+        return run_hf, lambda: None, {}, None
     if row == "c":
         manager = make_cb_manager(model, args, c, prompts)
         cfg = manager.continuous_batching_config
@@ -66,14 +74,19 @@ def open_row(row: str, model: Any, tokenizer: Any, args: argparse.Namespace, c: 
         def close() -> None:
             manager.stop(block=True, timeout=30)
 
-        return run_manager, close, settings
+        return run_manager, close, settings, None
     engine, used = make_engine(model, tokenizer, engine_settings(row, args, c, prompts))
     grammar = bench_grammar(engine, tokenizer) if row == "f" else None
+    embedded = None
+    if row == "g":
+        documents = [document_prompt(tokenizer, k)[:EMBED_TOKENS] for k in range(16)]
+        embedded = Embedded(engine, documents, "embed")
+        used["embed_backlog"] = EMBED_BACKLOG
 
     def run_engine(arrivals: list[Arrival], tag: str, n: int) -> list:
-        return drive(engine, arrivals, n, tag, grammar)
+        return drive(engine, arrivals, n, tag, grammar, embedded)
 
-    return run_engine, lambda: None, used
+    return run_engine, lambda: None, used, embedded
 
 
 def reset_peak_rss() -> None:
@@ -127,9 +140,11 @@ def run_cell(args: argparse.Namespace) -> None:
         prompts, warmup = prompts[:count], prompts[count:]  # warm-up prompts are not reused
         arrivals = plan(prompts, args, args.rate if poisson else None)
         reset_peak_rss()
-        run, close, settings = open_row(row, model, tokenizer, args, c, prompts + warmup)
+        run, close, settings, embedded = open_row(row, model, tokenizer, args, c, prompts + warmup)
         try:
             run([Arrival(0.0, p) for p in warmup], "warmup", warm_tokens)
+            if embedded is not None:  # the timed runs' embeddings only
+                embedded.inputs = embedded.tokens = 0
             traces, started = [], time.perf_counter()
             for w, wave in enumerate(timed_runs(row, arrivals, c, poisson)):
                 traces.extend(run(wave, f"c{c}w{w}", args.max_new_tokens))
@@ -142,6 +157,9 @@ def run_cell(args: argparse.Namespace) -> None:
         result["gflop_per_token"] = gflop_per_token
         result["prompt_tokens"] = [min(map(len, prompts)), max(map(len, prompts))]
         result["threads"] = torch.get_num_threads()
+        if embedded is not None:
+            result["embedded"] = {"inputs": embedded.inputs, "tokens": embedded.tokens}
+        result["step_time_target_s"] = settings.get("step_time_target_s")
         print(CELL_MARK + json.dumps(result, default=str), flush=True)
 
 

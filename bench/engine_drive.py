@@ -4,6 +4,10 @@ Each request is added at the first step boundary after its arrival time; between
 client side cancels a request once it has received its `cancel_after` tokens and times one out
 once its deadline has passed (both through `Engine.abort`, as the worker does). Text events are
 stamped when `step()` returns; finish events carry the generated-token count.
+
+With `documents` (row (g)), a retrieval client keeps `EMBED_BACKLOG` of them queued for embedding
+through the engine (Engine.add_embedding) for as long as any request decodes, one after another
+from the list, round and round: `Embedded` counts the inputs and tokens it got back.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any
 
 from engine_stats import Trace
 from engine_workload import Arrival
+
+EMBED_BACKLOG = 8  # inputs queued for embedding at any time while decodes run (row (g))
+EMBED_TOKENS = 512  # row (g)'s inputs: retrieval chunks of up to this many tokens
 
 
 def _params(max_new: int) -> Any:
@@ -74,8 +81,43 @@ class Clients:
                     self.finished.add(out.request_id)
 
 
+class Embedded:
+    """Row (g)'s retrieval client: keeps the engine's embedding backlog full while decodes run."""
+
+    def __init__(self, engine: Any, documents: list[list[int]], tag: str) -> None:
+        self.engine, self.documents, self.tag = engine, documents, tag
+        self.pending: dict[str, int] = {}  # request id -> its tokens
+        self.inputs = self.tokens = self.sent = 0
+
+    def top_up(self, decoding: bool) -> None:
+        from workers.embedding import EmbeddingJob
+
+        while decoding and len(self.pending) < EMBED_BACKLOG:
+            ids = self.documents[self.sent % len(self.documents)]
+            request_id = f"{self.tag}-embed-{self.sent}"
+            self.engine.add_embedding(EmbeddingJob(request_id, ids))
+            self.pending[request_id] = len(ids)
+            self.sent += 1
+
+    def record(self, outputs: list[Any]) -> list[Any]:
+        """Take the embeddings' outputs; the rest are the chat clients'."""
+        rest = []
+        for out in outputs:
+            if out.request_id not in self.pending:
+                rest.append(out)
+            elif out.finished:
+                self.inputs += 1
+                self.tokens += self.pending.pop(out.request_id)
+        return rest
+
+
 def drive(
-    engine: Any, arrivals: list[Arrival], max_new: int, tag: str, grammar: Any = None
+    engine: Any,
+    arrivals: list[Arrival],
+    max_new: int,
+    tag: str,
+    grammar: Any = None,
+    embedded: Embedded | None = None,
 ) -> list[Trace]:
     """Run `arrivals` through the engine until every request has ended; their traces."""
     clients = Clients(engine, max_new, tag, grammar)
@@ -90,6 +132,10 @@ def drive(
             time.sleep(max(0.0, start + queue[0][1].at - now))
             continue
         clients.leave(now)
+        if embedded is not None:
+            embedded.top_up(len(clients.finished) < len(clients.traces))
         outputs = engine.step()
+        if embedded is not None:
+            outputs = embedded.record(outputs)
         clients.record(outputs, time.perf_counter())
     return list(clients.traces.values())

@@ -1,10 +1,12 @@
 """The sluicegate engine's rows: (d) the engine as a worker runs it, (d-fixed) the same engine
 with a fixed token budget (no step-time target), (d-sdpa) the same engine with the decodes'
-attention in SDPA instead of the CPU kernel (decode_kernel.py), (e) row (d) from a `--compare`
-tree, (f) row (d)
+attention in SDPA instead of the CPU kernel (decode_kernel.py), (d-eager) the same engine with
+every step eager (no CUDA graphs, decode_graphs.py), (e) row (d) from a `--compare` tree, (f)
+row (d)
 with every request under a JSON-schema constraint (llguidance's per-step mask): an array of at
 least 10,000 mid-size objects, so no request completes its JSON before `--max-new-tokens` and
-the workload is the same as (d)'s.
+the workload is the same as (d)'s; (g) row (d) with a retrieval client embedding long documents
+through the same engine all the while (engine_drive.Embedded).
 
 Settings reach the engine only where its constructor accepts them, so an older tree runs too.
 """
@@ -15,10 +17,11 @@ import argparse
 import inspect
 from typing import Any
 
+from engine_drive import EMBED_BACKLOG, EMBED_TOKENS
 from engine_hf_rows import fitted_blocks
 
 ENGINE_KWARGS = ("num_kv_blocks", "block_size", "max_num_batched_tokens")
-ENGINE_ROWS = ("d", "d-fixed", "d-sdpa", "e", "f")
+ENGINE_ROWS = ("d", "d-fixed", "d-sdpa", "d-eager", "e", "f", "g")
 
 BENCH_ITEM = {
     "type": "object",
@@ -57,9 +60,11 @@ def engine_settings(
     from workers.engine import Engine
 
     settings = {name: getattr(args, name) for name in ENGINE_KWARGS}
-    settings["max_num_seqs"] = concurrency
+    # (g): room for the retrieval client's backlog beside the c streams (engine_drive.Embedded)
+    settings["max_num_seqs"] = concurrency + (EMBED_BACKLOG if row == "g" else 0)
     settings["step_time_target_s"] = step_time_target(row, args)
     settings["decode_kernel"] = False if row == "d-sdpa" else None  # None: the engine's default
+    settings["cuda_graphs"] = False if row == "d-eager" else None
     if settings["num_kv_blocks"] is None:
         default_block = inspect.signature(Engine.__init__).parameters.get("block_size")
         block = args.block_size or getattr(default_block, "default", None)
@@ -67,6 +72,8 @@ def engine_settings(
             settings["num_kv_blocks"] = fitted_blocks(
                 prompts, args.max_new_tokens, block, concurrency
             )
+            if row == "g":  # and the documents being embedded
+                settings["num_kv_blocks"] += EMBED_BACKLOG * -(-EMBED_TOKENS // block)
     elif settings["num_kv_blocks"] == 0:
         settings["num_kv_blocks"] = None
     return settings

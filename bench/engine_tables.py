@@ -23,8 +23,10 @@ ROWS = {
     "d": "sluicegate engine",
     "d-fixed": "engine, no target",
     "d-sdpa": "engine, SDPA decodes",
+    "d-eager": "engine, no graphs",
     "e": "engine, --compare tree",
     "f": "engine + JSON schema",
+    "g": "engine + embeddings",
 }
 
 
@@ -73,6 +75,7 @@ def print_tables(args: argparse.Namespace, runs: list[CellRun], gflops: dict[str
                 print(f"({run.row}) settings at c={last['concurrency']}: {shown}")
         print_ratios(args, mine)
         print_goodput(mine)
+        print_embeddings(mine)
 
 
 def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
@@ -89,6 +92,9 @@ def print_ratios(args: argparse.Namespace, runs: list[CellRun]) -> None:
         ],
         "decode kernel / SDPA (d / d-sdpa)": [
             (by.get(("d", c)), by.get(("d-sdpa", c))) for c in cols
+        ],
+        "CUDA graphs / eager (d / d-eager)": [
+            (by.get(("d", c)), by.get(("d-eager", c))) for c in cols
         ],
         "JSON schema / free (f / d)": [(by.get(("f", c)), by.get(("d", c))) for c in cols],
         "transformers CB / generate (a)": [(by.get(("c", c)), base) for c in cols],
@@ -132,4 +138,35 @@ def print_goodput(runs: list[CellRun]) -> None:
             f"{label(row):<28}{res['concurrency']:>4}{o['completed']:>6}{o['cancelled']:>7}"
             f"{o['timed_out']:>8}{res['generated']:>10}{res['sent']:>7}{res['committed']:>10}"
             f"{res['tok_s']:>8.1f}{res['goodput_tok_s']:>10.1f}"
+        )
+
+
+def print_embeddings(runs: list[CellRun]) -> None:
+    """Row (g) beside row (d): the decodes' inter-token gaps with embeddings computed in the same
+    steps. The step budget (step_time.py): a step carrying prefill beside decodes runs at most
+    ITL_RATIO times a decode-only step (or the target, where that is longer), so the typical gap
+    may grow by up to that ratio and the slowest should not grow at all."""
+    from workers.step_time import ITL_RATIO
+
+    by = {(r.row, res["concurrency"]): res for r in runs for res in r.results}
+    cells = [(c, res) for (row, c), res in sorted(by.items()) if row == "g"]
+    if not cells:
+        return
+    print(
+        f"\n{'embeddings beside decodes':<28}{'c':>4}{'ITL p50 d':>10}{'g':>7}{'g/d':>6}"
+        f"{'p99 d':>8}{'g':>7}{'g/d':>6}{'budget':>8}{'inputs/s':>9}{'emb tok/s':>10}"
+        f"{'chat tok/s d':>13}{'g':>7}"
+    )
+    for c, g in cells:
+        d = by.get(("d", c), {})
+        embedded = g.get("embedded", {"inputs": 0, "tokens": 0})
+        wall = g["wall_s"] or 1.0
+        print(
+            f"{'(g) / (d)':<28}{c:>4}{_fmt(d.get('itl_p50'), '.1f'):>10}"
+            f"{_fmt(g['itl_p50'], '.1f'):>7}"
+            f"{_fmt(_ratio(g['itl_p50'], d.get('itl_p50')), '.2f'):>6}"
+            f"{_fmt(d.get('itl_p99'), '.1f'):>8}{_fmt(g['itl_p99'], '.1f'):>7}"
+            f"{_fmt(_ratio(g['itl_p99'], d.get('itl_p99')), '.2f'):>6}{ITL_RATIO:>7.1f}x"
+            f"{embedded['inputs'] / wall:>9.1f}{embedded['tokens'] / wall:>10.0f}"
+            f"{_fmt(d.get('tok_s'), '.1f'):>13}{g['tok_s']:>7.1f}"
         )

@@ -11,7 +11,11 @@ Rows, each in its own subprocess per dtype (a fresh interpreter, so memory is th
       `max_num_seqs` = the concurrency;
   (d-fixed) row (d) without a step-time target: prefill fills the fixed token budget;
   (d-sdpa) row (d) with the decodes' attention in SDPA over runs of rows, not the CPU kernel;
-  (f) row (d) with every request under a JSON-schema constraint (engine_rows.py).
+  (d-eager) row (d) with every step eager: no CUDA graphs for decode-only steps (a CPU has none);
+  (f) row (d) with every request under a JSON-schema constraint (engine_rows.py);
+  (g) row (d) with a retrieval client embedding 512-token documents through the same engine,
+      8 queued at any time while decodes run (`max_num_seqs` = c + 8, so the documents do not
+      take the streams' places): the decodes' ITL beside embeddings.
 
 At concurrency c a *wave* is c requests submitted together; a cell runs ceil(max(c, --requests)
 / c) waves one after another, after an untimed warm-up wave of c other prompts, 16 tokens each
@@ -109,7 +113,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="c=1,8; 16 tokens; bfloat16; 1 request")
-    p.add_argument("--rows", default="a,b,c,d", help="which rows: a,b,c,d,d-fixed,d-sdpa,f")
+    p.add_argument(
+        "--rows", default="a,b,c,d", help="which rows: a,b,c,d,d-fixed,d-sdpa,d-eager,f,g"
+    )
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtype", default="bfloat16,float32")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -141,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not plain and set(args.rows) - set(ENGINE_ROWS):
         p.error(
             "Poisson arrivals, cancels and deadlines run the engine rows only "
-            "(d, d-fixed, d-sdpa, e, f)"
+            "(d, d-fixed, d-sdpa, d-eager, e, f)"
         )
     if args.cell is None:
         args.dtype = [d for d in args.dtype.split(",") if d]

@@ -64,7 +64,9 @@ def describe(cls: type, parser: argparse.ArgumentParser | None = None) -> list[S
     found = []
     for f in fields(cls):
         action = actions.get(f.name)
-        flag = max(action.option_strings, key=len) if action else None
+        # NOTE: a boolean flag's `--no-` twin is its off switch, not its name
+        names = [o for o in action.option_strings if not o.startswith("--no-")] if action else []
+        flag = max(names, key=len) if names else None
         name = flag[2:] if flag else f.name
         table = _origin(hints[f.name]) is dict
         default = f.default_factory() if f.default is MISSING else f.default

@@ -103,6 +103,9 @@ class WorkerConfig:
     # prompt-lookup speculative decoding of greedy sequences (workers/speculative.py), or off
     speculative: str = DEFAULT_SPECULATIVE
     spec_tokens: int = DEFAULT_SPEC_TOKENS  # most draft tokens verified per sequence and step
+    otlp_endpoint: str | None = None  # generate calls' spans (workers/tracing.py); None: off
+    # decode-only steps replay captured CUDA graphs (workers/decode_graphs.py); a CPU ignores it
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -131,6 +134,7 @@ class WorkerConfig:
         parse_bytes(self.kv_cache_memory)  # raises ValueError on a bad size
         if self.spec_tokens < 1:
             raise ValueError(f"spec_tokens must be at least 1, not {self.spec_tokens}")
+        check_otlp_endpoint(self.otlp_endpoint)
 
     def engine_kwargs(self, device: str = "cpu") -> dict[str, object]:
         """The engine's sizing, as `Engine(...)` keyword arguments, for the resolved `device`."""
@@ -147,6 +151,7 @@ class WorkerConfig:
             "kv_cache_memory": self.kv_cache_memory,
             "speculative": self.speculative,
             "spec_tokens": self.spec_tokens,
+            "cuda_graphs": self.cuda_graphs,
         }
 
 
@@ -231,6 +236,22 @@ _FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "--spec-tokens",
         {"type": int, "help": "most draft tokens a sequence verifies per step"},
     ),
+    "cuda_graphs": (
+        "--cuda-graphs",
+        {
+            "action": argparse.BooleanOptionalAction,
+            "help": "on CUDA, run decode-only steps as captured CUDA graphs, padded to batch and "
+            "context buckets (--no-cuda-graphs: every step eager); a CPU ignores it",
+        },
+    ),
+    "otlp_endpoint": (
+        "--otlp-endpoint",
+        {
+            "metavar": "URL",
+            "help": "export a span per generate call (OTLP/HTTP to URL/v1/traces), a child of "
+            "the caller's traceparent; a gateway starting this worker passes its own",
+        },
+    ),
 }
 _KV_SIZING = ("num_kv_blocks", "kv_cache_memory")  # one or the other
 
@@ -251,7 +272,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="TOML file with any of these settings (keys: their names)"
     )
-    for key in ("model", "port", "host", "device", "dtype", "max_body_bytes", "scheduling"):
+    for key in (
+        *("model", "port", "host", "device", "dtype", "max_body_bytes", "scheduling"),
+        *("otlp_endpoint", "cuda_graphs"),
+    ):
         flag, kwargs = _FLAGS[key]
         parser.add_argument(flag, dest=key, **kwargs)
     add_engine_arguments(parser, ENGINE_KEYS)
@@ -268,6 +292,12 @@ def worker_parser(prog: str = "sluice worker") -> argparse.ArgumentParser:
 def worker_settings() -> list[Setting]:
     """Each WorkerConfig field with its flag, variable and help (common/config.py)."""
     return describe(WorkerConfig, worker_parser())
+
+
+def check_otlp_endpoint(url: str | None) -> None:
+    """An OTLP/HTTP endpoint is a base URL (`http://collector:4318`); None: tracing is off."""
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"otlp_endpoint must be an http(s) URL, not {url!r}")
 
 
 def check_kv_sizing(values: Mapping[str, Any], where: str) -> None:

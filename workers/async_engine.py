@@ -19,6 +19,7 @@ from dataclasses import replace
 import structlog
 
 from wire import api
+from workers.embedding import EmbeddingJob, PooledLine
 from workers.engine import ENGINE_ERROR, Engine
 from workers.engine_outputs import ContextTooLong, EngineStats, InvalidContinuation, RequestOutput
 from workers.request import EngineRequest
@@ -31,6 +32,14 @@ INVALID_CONTINUATION = "invalid_continuation"
 
 class DuplicateRequest(ValueError):
     """A request with this id is already streaming."""
+
+
+class EmbeddingFailed(RuntimeError):
+    """The engine ended an input to embed with an error line (its code and message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class EngineNotRunning(RuntimeError):
@@ -47,7 +56,7 @@ class AsyncEngine:
         self._engine = engine
         self._on_step = on_step
         self._cond = threading.Condition()
-        self._inbox: list[EngineRequest] = []
+        self._inbox: list[EngineRequest | EmbeddingJob] = []
         self._aborts: list[tuple[str, float]] = []  # request id, when the abort arrived
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -93,11 +102,38 @@ class AsyncEngine:
         self._send_abort(request_id)
         return True
 
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
     def check_fits(self, prompt_len: int, max_tokens: int | None, continuation: int = 0) -> None:
         """Raises ContextTooLong for a request that can never run here (Engine.check_fits)."""
         self._engine.check_fits(prompt_len, max_tokens, continuation)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:
+    async def embed(self, jobs: list[EmbeddingJob]) -> list[list[float]]:
+        """The jobs' vectors, in order, computed through the engine's steps (embedding.py).
+        Raises EmbeddingFailed for a job the engine failed; the others are aborted then, as
+        they are when the caller is cancelled."""
+        tasks = [asyncio.ensure_future(self._embed_one(job)) for job in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:  # one failed, or the caller went: the others stop at the next step boundary
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _embed_one(self, job: EmbeddingJob) -> list[float]:
+        vector = None
+        async for line in self.generate(job):
+            if isinstance(line, PooledLine):
+                vector = line.vector
+            elif isinstance(line, api.ErrorLine):
+                raise EmbeddingFailed(line.code, line.message)
+        if vector is None:  # NOTE: ended without its vector: aborted, or the engine stopped
+            raise EmbeddingFailed(SHUTTING_DOWN, "the input was not embedded")
+        return vector
+
+    async def generate(self, request: EngineRequest | EmbeddingJob) -> AsyncIterator[api.Line]:
         """Yield the worker-api lines of one request: `start`, then what the engine produces.
 
         NOTE: this is the one place a live request id is refused again (DuplicateRequest): an id
@@ -193,11 +229,14 @@ class AsyncEngine:
         outputs = [RequestOutput(r.request_id, [event], finished=True) for r in never_started]
         self._hand_over(outputs + engine.fail_all(SHUTTING_DOWN, message))
 
-    def _admit(self, new: list[EngineRequest]) -> list[RequestOutput]:
+    def _admit(self, new: list[EngineRequest | EmbeddingJob]) -> list[RequestOutput]:
         outputs = []
         for request in new:
             try:
-                self._engine.add_request(request)
+                if isinstance(request, EmbeddingJob):
+                    self._engine.add_embedding(request)
+                else:
+                    self._engine.add_request(request)
             except ContextTooLong as e:  # a caller that did not check first (the service does)
                 event = api.ErrorLine("context_length_exceeded", str(e))
                 outputs.append(RequestOutput(request.request_id, [event], finished=True))

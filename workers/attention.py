@@ -98,6 +98,14 @@ class PagedBatch:
     spans: SpanGroup | KernelSpans | None = None
 
 
+def length_bias(lengths: torch.Tensor, context: int, dtype: torch.dtype) -> torch.Tensor:
+    """[len(lengths), context] in `dtype`: 0 where a position is visible, -inf past its end
+    (device ops alone: no host read, so a CUDA graph can hold it)."""
+    visible = torch.arange(context, device=lengths.device) < lengths.unsqueeze(1)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=lengths.device)
+    return bias.masked_fill_(~visible, float("-inf"))
+
+
 def _gather_blocks(
     cache: torch.Tensor, blocks: torch.Tensor, rows: int, block_size: int
 ) -> torch.Tensor:

@@ -48,6 +48,9 @@ class BlockOwner(Protocol):
     shared_blocks: int  # leading blocks of a declared shared system prompt, hashed unsalted
 
     @property
+    def prefix_cached(self) -> bool: ...  # False: neither takes nor leaves cached blocks
+
+    @property
     def token_ids(self) -> Seq[int]: ...
 
 
@@ -127,7 +130,7 @@ class BlockManager:
     def _cached_prefix(self, seq: BlockOwner) -> list[int]:
         """Block ids whose computed KV covers a prefix of `seq`'s tokens (never all of them),
         cached under its salt (its shared blocks under none)."""
-        if not self.prefix_caching:
+        if not (self.prefix_caching and seq.prefix_cached):
             return []
         token_ids = seq.token_ids
         hits: list[int] = []
@@ -210,7 +213,7 @@ class BlockManager:
 
     def register_computed(self, seq: BlockOwner) -> None:
         """Make `seq`'s newly full, computed blocks findable by their prefix hash."""
-        if not self.prefix_caching:
+        if not (self.prefix_caching and seq.prefix_cached):
             return
         full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         tokens = seq.token_ids

@@ -28,9 +28,13 @@ from common.worker_settings import (
 from wire import api
 from workers.block_manager import BlockManager, salt_hash
 from workers.continuation import replay
+from workers.decode_graphs import graph_plan
 from workers.detokenizer import IncrementalDetokenizer, TokenTable
-from workers.engine_outputs import ContextTooLong, EngineStats, RequestOutput
+from workers.embedding import EmbeddingJob, declared_pooling
+from workers.engine_embeddings import embedding_sequence, pool_chunks
+from workers.engine_outputs import EngineStats, RequestOutput
 from workers.engine_requests import LiveRequests, Outputs, output_of
+from workers.fits import check_generation
 from workers.host_copy import to_device
 from workers.kv_cache import CacheShape, KVCache, blocks_for_budget
 from workers.model_loader import context_length, eos_token_ids
@@ -79,7 +83,11 @@ class Engine:
         spec_tokens: int = DEFAULT_SPEC_TOKENS,
         decode_kernel: bool = True,
         scheduling: str = "fair",
+        cuda_graphs: bool = True,
+        static_decode: bool = False,
     ) -> None:
+        """`cuda_graphs`: decode-only steps replay CUDA graphs (on CUDA); `static_decode`: they
+        take the graphs' static buffers even where nothing is captured (decode_graphs.py)."""
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         self.vocab_size: int = model.config.vocab_size
@@ -91,7 +99,9 @@ class Engine:
             cap = max_num_seqs * -(-self.max_model_len // block_size)
             num_kv_blocks = blocks_for_budget(shape, block_size, parse_bytes(kv_cache_memory), cap)
         device = next(model.parameters()).device
-        self.cache = KVCache(shape, num_kv_blocks, block_size, device)
+        sizes = (max_num_seqs, self.max_model_len, block_size)
+        graphs = graph_plan(device, cuda_graphs, static_decode, *sizes)
+        self.cache = KVCache(shape, num_kv_blocks, block_size, device, scratch=graphs is not None)
         blocks = BlockManager(num_kv_blocks, block_size, prefix_caching)
         # NOTE: a prompt moves at least a block a step. Where a token costs a lot (float32 on an
         # AVX2 CPU: ~3 ms) that floor, not the target's share, sizes most chunks; a 4-token floor
@@ -100,12 +110,13 @@ class Engine:
         self.scheduler = Scheduler(
             blocks, max_num_seqs, max_num_batched_tokens, budget, fair=scheduling == "fair"
         )
-        self.runner = ModelRunner(model, self.cache, decode_kernel)
+        self.runner = ModelRunner(model, self.cache, decode_kernel, graphs)
         self.table = TokenTable.from_tokenizer(tokenizer, self.vocab_size)
         self.sampler = Sampler(self.table)
         self.speculator = Speculator(speculative, spec_tokens)
         self.stop_ctx = StopContext(eos_token_ids(model, tokenizer), self.max_model_len)
         self.live = LiveRequests(self.scheduler)
+        self.pooling = declared_pooling(model)  # an embedding's (embedding.py)
         self._abort_pending: dict[str, float] = {}  # request id → when the abort arrived
         self._step_index = 0
         self._last_step_ended = 0.0
@@ -158,33 +169,24 @@ class Engine:
         out.events.append(api.AdmittedLine())
         self.live.end_sequence(sequences[0], ended, out)
 
+    def add_embedding(self, job: EmbeddingJob) -> None:
+        """Queue an input to embed (embedding.py): a prompt computed like any other, pooled
+        instead of sampled; its request ends with a `pooled` line, then `usage`. Raises
+        ContextTooLong when it can never run here."""
+        assert job.request_id not in self.live, "a live request id was given again"
+        seq = embedding_sequence(job, self.table, self.max_model_len, self.scheduler, self.pooling)
+        req = Request(job.request_id, job.prompt_ids, seq.params, [seq])
+        req.status = RequestStatus.RUNNING
+        self.live.add(req)
+        self.scheduler.add(seq)
+
     def check_fits(self, prompt_len: int, max_tokens: int | None, continuation: int = 0) -> None:
         """The one check that a request can run here: its prompt within the context, prompt
         plus `max_tokens` within the context, a continuation (its length given) within both,
         and one sequence of it within the KV cache."""
-        limit = self.max_model_len
-        if prompt_len >= limit:
-            raise ContextTooLong(
-                "messages", f"the prompt is {prompt_len} tokens; this model's context is {limit}"
-            )
-        if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise ContextTooLong(
-                "max_tokens",
-                f"max_tokens is {max_tokens} but only {limit - prompt_len} tokens are left "
-                f"after the {prompt_len}-token prompt",
-            )
-        room = limit - prompt_len if max_tokens is None else max_tokens
-        if continuation > room:
-            raise ContextTooLong(
-                "continuation",
-                f"the continuation is {continuation} tokens but the run has room for {room}",
-            )
-        if not self.scheduler.fits(min(prompt_len + (max_tokens or limit), limit)):
-            raise ContextTooLong(
-                "max_tokens",
-                "the prompt plus max_tokens needs more KV cache than this worker has; "
-                "lower max_tokens",
-            )
+        check_generation(
+            prompt_len, max_tokens, continuation, self.max_model_len, self.scheduler.fits
+        )
 
     def abort(self, request_id: str, arrived_at: float | None = None) -> bool:
         """Mark a live request for abort at the next step; unknown or finished ids are a no-op.
@@ -238,7 +240,7 @@ class Engine:
         self._report_admissions(scheduled.work, outputs)
         if scheduled.work:
             try:
-                samplers, logits = self.runner.execute(scheduled.work)
+                result = self.runner.execute(scheduled.work)
             except Exception as e:  # NOTE: the edge: this step's requests fail, the loop goes on.
                 for request_id in {s.request_id for s, _ in scheduled.work}:
                     _log_failure("forward", request_id, e)
@@ -248,7 +250,8 @@ class Engine:
             else:
                 # a draft's tokens count as computed once verified (Speculator.settle)
                 self.scheduler.computed([(s, n) for s, n in scheduled.work if not s.draft])
-                self._sample_and_postprocess(samplers, logits, outputs)
+                self._sample_and_postprocess(result.samplers, result.logits, outputs)
+                pool_chunks(result, self.live, outputs)
                 self.scheduler.step_ended(scheduled)  # the sampled tokens are on the host now
         self.speculator.discard()  # the drafts of sequences that failed in this step
         self._last_step_ended = time.monotonic()

@@ -26,3 +26,10 @@ def to_device(
         return torch.tensor(values, dtype=dtype, device=device)
     staged = torch.tensor(values, dtype=dtype, pin_memory=True)
     return staged.to(device, non_blocking=True)
+
+
+def copy_into(out: torch.Tensor, values: Sequence[int] | Sequence[float]) -> None:
+    """`values` into the first `len(values)` elements of the 1-D `out`, queued rather than
+    awaited on CUDA: a fixed buffer (a CUDA graph's input) filled from the host in one copy."""
+    staged = torch.tensor(values, dtype=out.dtype, pin_memory=out.device.type == "cuda")
+    out[: len(values)].copy_(staged, non_blocking=True)

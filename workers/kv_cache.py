@@ -47,12 +47,20 @@ class KVCache:
     """Owns the cache tensors; the attention function writes and reads them by slot."""
 
     def __init__(
-        self, shape: CacheShape, num_blocks: int, block_size: int, device: torch.device
+        self,
+        shape: CacheShape,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        scratch: bool = False,
     ) -> None:
+        """`scratch`: one block more, past the `num_blocks` the block manager hands out, for the
+        writes of a padded batch's pad rows (decode_graphs.py); `scratch_block` is its id."""
         self.shape = shape
         self.num_blocks = num_blocks
         self.block_size = block_size
-        slots = num_blocks * block_size
+        self.scratch_block = num_blocks if scratch else None
+        slots = (num_blocks + scratch) * block_size
         size = (shape.num_layers, shape.kv_heads, slots, shape.head_dim)
         self.keys = torch.zeros(size, dtype=shape.dtype, device=device)
         self.values = torch.zeros(size, dtype=shape.dtype, device=device)

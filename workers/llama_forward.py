@@ -8,7 +8,7 @@ and k apart; all of it is per-step host time (and, on a GPU, kernel launches) th
 arithmetic the step needs. Here a layer is one function over the layer's own weights:
 an RMSNorm of one call (`F.rms_norm`, in float32), one fused q/k/v GEMM, rotary on q and k
 together, the paged attention, o_proj and the residual, one fused gate/up GEMM, SiLU, down and
-the residual. The final norm runs only on the rows that sample.
+the residual. The final norm runs only on the rows kept (those that sample, and an embedding's).
 
 The operations are transformers' own, in its order, so float32 logits are bitwise the same (the
 tests compare them, bfloat16 too); the rotary tables come from the model's own rotary module, so
@@ -35,7 +35,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from workers.attention import PagedBatch, paged_attention_forward
 from workers.fused_layers import FusedGateUpMLP, FusedQKVAttention
 
-# (input ids [1, T], positions [1, T], logits rows to keep [R], the batch) -> logits [R, V]
+# (input ids [1, T], positions [1, T], rows to keep [R], the batch) -> their final hidden states
+# [R, D], after the last norm: the caller applies the LM head to those that sample
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PagedBatch], torch.Tensor]
 
 
@@ -95,7 +96,6 @@ class _LlamaForward:
         self.embed = body.embed_tokens
         self.rotary = body.rotary_emb
         self.norm = body.norm
-        self.lm_head = model.lm_head
         self.layers = list(body.layers)
         attention = self.layers[0].self_attn
         self.heads = model.config.num_attention_heads
@@ -114,8 +114,7 @@ class _LlamaForward:
         for layer in self.layers:
             hidden = self._layer(layer, hidden, cos, sin, batch)
         last = hidden[0].index_select(0, keep)
-        last = llama_rms_norm(last, self.hidden, self.norm.weight, self.norm.variance_epsilon)
-        return self.lm_head(last)
+        return llama_rms_norm(last, self.hidden, self.norm.weight, self.norm.variance_epsilon)
 
     def _layer(
         self,

@@ -3,18 +3,28 @@
 The step's new tokens (decodes first, then prefill chunks) are flattened into one row; positions,
 cache slots and per-sequence attention spans go to the paged attention function (attention.py)
 through the model's forward keyword arguments. Logits are computed only for the sequences that
-will sample a token this step.
+will sample a token this step; an embedding's chunk (embedding.py) gets its rows' final hidden
+states instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 import torch
 
 from workers import decode_kernel
-from workers.attention import ATTENTION_NAME, KernelSpans, PagedBatch, PrefillSpan, SpanGroup
+from workers.attention import (
+    ATTENTION_NAME,
+    KernelSpans,
+    PagedBatch,
+    PrefillSpan,
+    SpanGroup,
+    length_bias,
+)
+from workers.decode_graphs import DecodeGraphs, GraphPlan, can_capture
 from workers.decode_rows import DecodeRows, row_runs
 from workers.fused_layers import fuse_projections
 from workers.heap import trim_heap
@@ -110,16 +120,39 @@ def kernel_spans(
     )
 
 
+@dataclass(slots=True)
+class StepResult:
+    """What a step's forward pass gave: `logits` rows for `samplers` (ModelRunner.execute), and
+    for each embedding chunk `(seq, first position, tokens)` in `pooled`, its rows of `hidden`
+    (in that order)."""
+
+    samplers: list[SequenceState]
+    logits: torch.Tensor | None = None
+    pooled: list[tuple[SequenceState, int, int]] = field(default_factory=list)
+    hidden: torch.Tensor | None = None
+
+
 def _is_decode(seq: SequenceState, new: int) -> bool:
     """Whether `seq`'s `new` tokens this step are a decode: its one last token, after others.
 
     NOTE: not any one-token chunk: a budget nearly spent on decodes can leave a prompt one token
-    of its middle, which is prefill (it samples nothing)."""
-    return new == 1 and seq.num_computed_tokens > 0 and seq.num_uncomputed == 1
+    of its middle, which is prefill (it samples nothing); so is an embedding's last token."""
+    return (
+        new == 1
+        and seq.num_computed_tokens > 0
+        and seq.num_uncomputed == 1
+        and seq.embedding is None
+    )
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: KVCache, decode_kernel_ok: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        cache: KVCache,
+        decode_kernel_ok: bool = True,
+        graphs: GraphPlan | None = None,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = next(model.parameters()).device
@@ -155,6 +188,34 @@ class ModelRunner:
         model.set_attn_implementation(ATTENTION_NAME)
         # the engine's own pass where the architecture allows (llama_forward.py), else the model's
         self.lean = lean_forward(model)
+        self.graphs = self._decode_graphs(graphs)
+
+    def _decode_graphs(self, plan: GraphPlan | None) -> DecodeGraphs | None:
+        """Decode-only steps through static buffers (decode_graphs.py), where the plan asks and
+        the model's forward allows: the lean pass, and for capture no host-side branch."""
+        if plan is None:
+            return None
+        if self.lean is None or (plan.capture and not can_capture(self.model)):
+            log.info("decode steps run eagerly: this model's forward cannot be captured")
+            return None
+        head = self.model.lm_head
+        vocab = getattr(head, "out_features", None) or self.model.config.vocab_size
+        return DecodeGraphs(plan, self.cache, self._decode_logits, vocab, self.dtype)
+
+    def _decode_logits(
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, batch: PagedBatch
+    ) -> torch.Tensor:
+        """The logits of the `keep` rows through the lean pass (a decode graph's forward)."""
+        return self.model.lm_head(self.lean(ids, positions, keep, batch))
+
+    def _graph_step(self, decodes: list[SequenceState]) -> StepResult:
+        """A decode-only step through the static buffers (decode_graphs.py).
+
+        NOTE: the rows are still arranged every step (their contract): as chunks, so a held
+        sequence keeps its row and the positions this step writes only to blocks are copied in
+        when an eager step next decodes it; a sequence gone is freed."""
+        self.rows.arrange([], [(s, 1) for s in decodes])
+        return StepResult(decodes, logits=self.graphs.run(decodes))
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
@@ -198,7 +259,7 @@ class ModelRunner:
         reach = max(lengths)
         if rows != list(range(len(lengths))):
             batch.row_index = index
-        bias = self._length_bias(to_device(lengths, self.device), reach, self.rows.dtype)
+        bias = length_bias(to_device(lengths, self.device), reach, self.rows.dtype)
         batch.decode_bias = bias.view(-1, 1, 1, reach)
         return decodes
 
@@ -214,14 +275,8 @@ class ModelRunner:
         )
         context = width * self.block_size
         batch.decode_context = context
-        bias = self._length_bias(lengths, context, self.dtype)
+        bias = length_bias(lengths, context, self.dtype)
         batch.decode_bias = bias.view(1, len(decodes), 1, context)
-
-    def _length_bias(self, lengths: torch.Tensor, context: int, dtype: torch.dtype) -> torch.Tensor:
-        """[len(lengths), context] in `dtype`: 0 where a position is visible, -inf past its end."""
-        visible = torch.arange(context, device=self.device) < lengths.unsqueeze(1)
-        bias = torch.zeros(visible.shape, dtype=dtype, device=self.device)
-        return bias.masked_fill_(~visible, float("-inf"))
 
     def _prefill_span(self, seq: SequenceState, start: int, new: int) -> PrefillSpan:
         done = seq.num_computed_tokens
@@ -236,11 +291,13 @@ class ModelRunner:
         return PrefillSpan(start, new, slots, bias.view(1, 1, new, context))
 
     @torch.inference_mode()
-    def execute(
-        self, work: list[tuple[SequenceState, int]]
-    ) -> tuple[list[SequenceState], torch.Tensor]:
-        """Run one step; return the sequences that sample next and their logits rows [R, V]:
-        one row each, or 1 + len(seq.draft) consecutive rows for a sequence verifying a draft."""
+    def execute(self, work: list[tuple[SequenceState, int]]) -> StepResult:
+        """Run one step: the logits rows of the sequences that sample next (one row each, or
+        1 + len(seq.draft) consecutive rows for a sequence verifying a draft), and the final
+        hidden states of the embeddings' chunks."""
+        graphs = self.graphs is not None and self.graphs.fits(len(work))
+        if graphs and all(_is_decode(s, n) and not s.draft for s, n in work):
+            return self._graph_step([s for s, _ in work])
         decodes: list[SequenceState] = []
         prefills: list[tuple[SequenceState, int]] = []
         for seq, new in work:
@@ -256,8 +313,9 @@ class ModelRunner:
             s.block_table[p // self.block_size] * self.block_size + p % self.block_size
             for s, p in zip(decodes, positions, strict=True)
         ]
-        samplers: list[SequenceState] = list(decodes)
+        result = StepResult(list(decodes))
         keep: list[int] = list(range(len(decodes)))
+        pool: list[int] = []
         short: list[tuple[SequenceState, int, int]] = []
         for seq, new in prefills:
             start, done = len(ids), seq.num_computed_tokens
@@ -268,8 +326,11 @@ class ModelRunner:
                 short.append((seq, start, new))
             else:
                 batch.prefills.append(self._prefill_span(seq, start, new))
-            if done + new == len(seq.all_ids):
-                samplers.append(seq)  # a draft's verification: a logits row per position
+            if seq.embedding is not None:
+                pool += range(start, start + new)
+                result.pooled.append((seq, done, new))
+            elif done + new == len(seq.all_ids):
+                result.samplers.append(seq)  # a draft's verification: a logits row per position
                 keep += range(len(ids) - 1 - len(seq.draft), len(ids))
         if short and self.decode_kernel:
             batch.spans = kernel_spans(short, self.block_size, self.device)
@@ -278,14 +339,39 @@ class ModelRunner:
         batch.slot_mapping = to_device(slots, self.device)
         input_ids = to_device(ids, self.device).unsqueeze(0)
         position_ids = to_device(positions, self.device).unsqueeze(0)
-        rows = to_device(keep, self.device)
+        self._forward(input_ids, position_ids, keep, pool, batch, result)
+        return result
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        keep: list[int],
+        pool: list[int],
+        batch: PagedBatch,
+        result: StepResult,
+    ) -> None:
+        """The forward pass; the LM head only over the `keep` rows, the `pool` rows' final
+        hidden states (after the last norm) kept as they are."""
         if self.lean is not None:
-            return samplers, self.lean(input_ids, position_ids, rows, batch)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            logits_to_keep=rows,
-            use_cache=False,
-            paged_batch=batch,
-        )
-        return samplers, out.logits[0]
+            hidden = self.lean(input_ids, position_ids, to_device(keep + pool, self.device), batch)
+            result.logits = self.model.lm_head(hidden[: len(keep)])
+            result.hidden = hidden[len(keep) :]
+            return
+        if not pool:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                logits_to_keep=to_device(keep, self.device),
+                use_cache=False,
+                paged_batch=batch,
+            )
+            result.logits = out.logits[0]
+            return
+        # NOTE: the model's decoder without its head, then the head on the sampling rows alone
+        body = self.model.base_model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, paged_batch=batch
+        ).last_hidden_state[0]
+        head = self.model.get_output_embeddings()
+        result.logits = head(body.index_select(0, to_device(keep, self.device)))
+        result.hidden = body.index_select(0, to_device(pool, self.device))

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from workers.detokenizer import IncrementalDetokenizer
+    from workers.embedding import Pool
     from workers.grammar import CompiledGrammar, Matcher
     from workers.speculative import NgramIndex
     from workers.stop import StopStringHoldback
@@ -108,6 +109,8 @@ class SequenceState:
     unsent: list[str | ToolCall] = field(default_factory=list)  # in order; adjacent texts merged
     unsent_ids: list[int] = field(default_factory=list)  # the tokens the next line carries
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
+    # an embedding's input (embedding.py): a prompt that is pooled, never sampled
+    embedding: Pool | None = None
 
     def __post_init__(self) -> None:
         if not self.all_ids:
@@ -121,6 +124,11 @@ class SequenceState:
     def token_ids(self) -> list[int]:
         """Prompt then output tokens: what the KV cache must hold."""
         return self.all_ids
+
+    @property
+    def prefix_cached(self) -> bool:
+        """Whether its blocks come from and go to the prefix cache: not an embedding's."""
+        return self.embedding is None
 
     @property
     def num_uncomputed(self) -> int:

@@ -183,13 +183,18 @@ class Scheduler:
         order += prefilling
         budget = self.max_num_batched_tokens
         prefill = None  # decided once the decodes are in
+        embed = _EmbeddingRoom(self, step)
         i = 0
         while i < len(order) and budget > 0:
             seq = order[i]
             if prefill is None and seq.num_uncomputed > 1:
                 prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
             new = min(seq.num_uncomputed, budget if prefill is None else prefill)
+            new = embed.take(seq, new, budget)
             if new == 0:
+                if seq.embedding is not None:
+                    i += 1  # the embeddings' share is spent; a prompt after it may still go
+                    continue
                 break
             if not self._make_room(step, order, i, seq.num_computed_tokens + new):
                 break
@@ -203,7 +208,7 @@ class Scheduler:
         if not step.preempted:
             if prefill is None:
                 prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
-            self._admit(step, min(budget, prefill), admitting)
+            self._admit(step, min(budget, prefill), admitting, embed)
         step.shaped = settled > 0 or step.num_tokens == step.decodes
         if self.step_budget is not None and step.work:
             self.step_budget.started()
@@ -260,17 +265,26 @@ class Scheduler:
             step.yielded.append(self._preempt(victim, reason))
         return self.policy.order(self.waiting, self.running) if step.yielded else order
 
-    def _admit(self, step: ScheduledStep, budget: int, order: list[SequenceState]) -> None:
+    def _admit(
+        self,
+        step: ScheduledStep,
+        budget: int,
+        order: list[SequenceState],
+        embed: _EmbeddingRoom,
+    ) -> None:
         """Start waiting sequences in `order` while they fit; the first that does not, waits
         (and so do those after it: none overtakes it)."""
         for seq in order:
             if budget <= 0 or not self.has_room(seq) or not self.blocks.can_allocate(seq):
                 break
+            new = embed.take(seq, min(seq.num_uncomputed, budget), budget)
+            if new == 0:
+                break
             self.waiting.remove(seq)
             self.blocks.allocate(seq)
             seq.status = RequestStatus.RUNNING
             self.running.append(seq)
-            new = min(seq.num_uncomputed, budget)
+            new = embed.take(seq, min(seq.num_uncomputed, budget), budget, spend=True)
             step.work.append((seq, new))
             budget -= new
 
@@ -281,3 +295,36 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.preempted_by[reason] += 1
         return seq
+
+
+class _EmbeddingRoom:
+    """The tokens embeddings' chunks may take this step (embedding.py): what the step-time
+    target leaves beside the decodes, as if every decode streamed already.
+
+    NOTE: while no decode has settled, prompts take the whole fixed budget so a wave of them
+    starts together (step_time.py, SETTLED_TOKENS); an embedding is no part of such a wave, and
+    a 512-token chunk of it beside the wave's first decodes made their gaps 7x a decode step.
+    Decided once per step, after the decodes; with no decodes, the embeddings take what is left.
+    """
+
+    def __init__(self, scheduler: Scheduler, step: ScheduledStep) -> None:
+        self.scheduler, self.step = scheduler, step
+        self.left: int | None = None
+
+    def take(self, seq: SequenceState, new: int, budget: int, spend: bool = False) -> int:
+        """How many of `new` tokens embedding `seq` may compute; all of them for any other
+        sequence. Spends them when `spend` (or when `seq` is already running)."""
+        if seq.embedding is None:
+            return new
+        if self.left is None:
+            decodes = self.step.decodes
+            budget_ = self.scheduler.step_budget
+            self.left = (
+                budget
+                if budget_ is None or not decodes
+                else (budget_.prefill_tokens(decodes, budget, 1, decodes))
+            )
+        new = min(new, self.left)
+        if spend or seq.status == RequestStatus.RUNNING:
+            self.left -= new
+        return new

@@ -17,6 +17,7 @@ class Seq:
     num_hashed_blocks: int = 0
     cache_salt: int = NO_HASH
     shared_blocks: int = 0
+    prefix_cached: bool = True
 
     @property
     def token_ids(self) -> list[int]:

@@ -13,6 +13,7 @@ from tests.support.worker_lines import wire
 from tests.unit.test_paged_engine import assert_no_leaks, prompts, run, submit, text_of
 from tests.unit.test_scheduler import make_seq
 from workers.block_manager import BlockManager
+from workers.embedding import Pool
 from workers.engine import Engine
 from workers.scheduler import Scheduler
 from workers.step_time import (
@@ -30,6 +31,15 @@ class FakeClock:
         self.now = 100.0
 
     def __call__(self) -> float:
+        return self.now
+
+
+class TickingClock(FakeClock):
+    """Each reading is a millisecond after the last: every real step looks quick, however busy
+    the host, so what the budget allows does not depend on the machine."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
         return self.now
 
 
@@ -467,6 +477,7 @@ def test_the_engine_tells_the_budget_how_many_draft_tokens_a_step_carried(tiny) 
         speculative="prompt-lookup",
     )
     budget, drafts = engine.scheduler.step_budget, []
+    budget.clock = TickingClock()  # quick steps: drafts fit under the target on any host
     learn = budget.ended
 
     def ended(tokens: int, decodes: int, shaped: bool = True, drafted: int = 0) -> None:
@@ -478,3 +489,27 @@ def test_the_engine_tells_the_budget_how_many_draft_tokens_a_step_carried(tiny) 
     texts = stream_texts(engine, [ids, ids], [24, 24])
     assert all(texts.values()) and any(drafts)  # some steps verified drafts ...
     assert budget.draft_cost is not None  # ... and the budget priced them
+
+
+def test_an_embedding_beside_a_young_wave_gets_only_the_shaped_room():
+    """While no decode has settled a wave's prompts take the whole fixed budget; an input to
+    embed beside them gets only what the target leaves (scheduler._EmbeddingRoom)."""
+    chunks = {}
+    for kind in ("prompt", "embedding"):
+        clock = FakeClock()
+        device = FakeDevice(clock, fixed=0.005, per_token=0.0005)
+        sched = make_scheduler(clock, target_s=0.020)
+        for seq in decoding(sched, device, 4):  # the fit has seen decode steps; they end
+            sched.release(seq)
+        for i in range(4):
+            sched.add(make_seq(f"w{i}", 6))
+        device.run(sched)
+        device.run(sched)  # the wave decodes, young (fewer than SETTLED_TOKENS tokens)
+        assert all(len(s.output_ids) < SETTLED_TOKENS for s in sched.running)
+        long = make_seq("long", 400)
+        if kind == "embedding":
+            long.embedding = Pool("mean", None)
+        sched.add(long)
+        (chunks[kind],) = [n for seq, n in sched.schedule().work if seq is long]
+    shaped = sched.step_budget.prefill_tokens(4, 512, 1, 4)
+    assert chunks["prompt"] == 400 and chunks["embedding"] == shaped < 400
