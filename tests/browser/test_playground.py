@@ -14,33 +14,22 @@ import pytest
 
 from testkit.probes import scraped
 from tests.browser.conftest import BROWSER_KEY
+from tests.support.chromium import chromium
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import until_sync
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.options import Options  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 AUTH = {"Authorization": f"Bearer {BROWSER_KEY}"}
 QUESTION = "Tell me a story about 你好 and café."
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.skip("chromium and chromium-driver are not installed (.ci/run installs them)")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    options.add_argument("--window-size=1100,900")
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    with chromium(1100, 900) as driver:
+        yield driver
 
 
 class Page:

@@ -1,0 +1,1 @@
+"""The admin API (`/admin/...`), where tenants live, the audit log and the admin page (§11)."""
