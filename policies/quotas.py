@@ -1,4 +1,5 @@
-"""Per-tenant quotas: requests and tokens per rolling minute, live runs, a token budget per period.
+"""Per-tenant quotas: requests and tokens per rolling minute, live runs, a token budget and a
+cost budget (money at the config's prices, in NANOS) per period.
 
 `QuotaStore.admit` checks every limit and reserves in one atomic step; `release` frees the run's
 slot and corrects its token reservation to what the run really used. Two stores keep the same
@@ -26,6 +27,9 @@ WINDOW = 60.0  # seconds: the rolling window of rpm and tpm
 LIVE_TTL = 3600.0  # seconds a live-run slot survives without release; above any run deadline
 CONCURRENCY_RETRY = 1.0  # seconds: nobody knows when a live run ends, so suggest a short wait
 US = 1_000_000
+NANOS = 1_000_000_000  # a cost budget is counted in billionths of its currency, exactly
+# what a refusal names as its `limit` (sluice_quota_rejections_total{limit})
+LIMITS = ("requests", "tokens", "concurrency", "budget", "budget_cost")
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,6 +41,7 @@ class QuotaLimits:
     max_concurrent: int | None = None  # live runs
     budget_tokens: int | None = None  # tokens per budget period
     budget_period: float | None = None  # seconds; periods are aligned to the Unix epoch
+    budget_cost: float | None = None  # money per budget period, at the config's [prices]
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +50,7 @@ class QuotaRequest:
     run_id: str  # unique per run: it names the run's slot and reservation
     tokens: int  # reserved: prompt estimate + requested max tokens
     limits: QuotaLimits
+    cost: int = 0  # reserved against budget_cost, in NANOS: those tokens at the model's price
 
 
 @dataclass(slots=True)
@@ -54,6 +60,7 @@ class Admission:
     reserved: int
     limits: QuotaLimits
     headers: dict[str, str]  # x-ratelimit-* after this admission
+    reserved_cost: int = 0  # NANOS
 
 
 class QuotaExceeded(Exception):
@@ -63,8 +70,8 @@ class QuotaExceeded(Exception):
         self, limit: str, code: str, retry_after: float, headers: dict[str, str], message: str
     ) -> None:
         super().__init__(message)
-        self.limit = limit  # "requests" | "tokens" | "concurrency" | "budget"
-        self.code = code  # "rate_limit_exceeded" | "insufficient_quota" (budget)
+        self.limit = limit  # one of LIMITS
+        self.code = code  # "rate_limit_exceeded" | "insufficient_quota" (the budgets)
         self.retry_after = retry_after  # seconds until a retry could pass
         self.headers = headers  # x-ratelimit-* plus "retry-after"
         self.message = message
@@ -75,8 +82,9 @@ class QuotaStore(Protocol):
         """Check every limit and reserve, atomically; raise QuotaExceeded having taken nothing."""
         ...
 
-    async def release(self, admission: Admission, used_tokens: int) -> None:
-        """Free the slot and set the run's tpm and budget charge to `used_tokens`; idempotent."""
+    async def release(self, admission: Admission, used_tokens: int, used_cost: int = 0) -> None:
+        """Free the slot and set the run's tpm and budget charges to `used_tokens` and
+        `used_cost` (NANOS); idempotent."""
         ...
 
     async def headers(self, tenant: str, limits: QuotaLimits) -> dict[str, str]:
@@ -113,9 +121,14 @@ def micros(seconds: float) -> int:
     return round(seconds * US)
 
 
+def nanos(amount: float) -> int:
+    """Money in billionths, rounded up (to the nearest first: float noise is no billionth)."""
+    return math.ceil(round(amount * NANOS, 3))
+
+
 def budget_period(now_us: int, limits: QuotaLimits) -> tuple[int, int] | None:
     """(period length µs, index of the current period) when a budget applies."""
-    if limits.budget_tokens is None or not limits.budget_period:
+    if (limits.budget_tokens is None and limits.budget_cost is None) or not limits.budget_period:
         return None
     length = micros(limits.budget_period)
     return length, now_us // length
@@ -137,6 +150,7 @@ class Snapshot:
     budget_used: int = 0  # tokens charged in the current budget period
     requests_retry_us: int | None = None  # set when refusing: until enough admissions leave
     tokens_retry_us: int | None = None  # set when refusing: until enough tokens leave
+    cost_used: int = 0  # NANOS charged in the current budget period
 
 
 def rate_headers(limits: QuotaLimits, snap: Snapshot) -> dict[str, str]:
@@ -177,22 +191,14 @@ def refusal(request: QuotaRequest, snap: Snapshot) -> QuotaExceeded | None:
     if lim.max_concurrent is not None and snap.live >= lim.max_concurrent:
         what = f"{lim.max_concurrent} concurrent requests"
         found.append((lim.max_concurrent == 0, CONCURRENCY_RETRY, "concurrency", what))
-    period = budget_period(snap.now_us, lim)
-    if period is not None and snap.budget_used + tokens > lim.budget_tokens:
-        length, index = period
-        retry = ((index + 1) * length - snap.now_us) / US
-        what = (
-            f"{lim.budget_tokens} tokens per {openai_duration(length / US)} budget period "
-            f"({snap.budget_used} used, {tokens} requested)"
-        )
-        found.append((tokens > lim.budget_tokens, retry, "budget", what))
+    found += _budget_refusals(request, snap)
     if not found:
         return None
     impossible, retry, limit, what = max(found, key=lambda f: (f[0], f[1]))
     headers = rate_headers(lim, snap)
     headers["retry-after"] = str(max(1, math.ceil(round(retry, 3))))
-    if limit == "budget":
-        message = f"Token budget exceeded: {what}. It resets in {openai_duration(retry)}."
+    if limit in _BUDGETS:
+        message = f"{_BUDGETS[limit]} exceeded: {what}. It resets in {openai_duration(retry)}."
         return QuotaExceeded(limit, "insufficient_quota", retry, headers, message)
     if not impossible:
         hint = f"Try again in {openai_duration(retry)}."
@@ -200,6 +206,33 @@ def refusal(request: QuotaRequest, snap: Snapshot) -> QuotaExceeded | None:
         hint = "It can never pass" + ("; ask for fewer tokens." if limit == "tokens" else ".")
     message = f"Rate limit reached for {limit}: {what}. {hint}"
     return QuotaExceeded(limit, "rate_limit_exceeded", retry, headers, message)
+
+
+_BUDGETS = {"budget": "Token budget", "budget_cost": "Cost budget"}
+
+
+def _budget_refusals(request: QuotaRequest, snap: Snapshot) -> list[tuple[bool, float, str, str]]:
+    """The budgets' part of `refusal`. A cost budget spent to the last billionth refuses even
+    a run whose own cost is unknown up front (a model alias's, reserved at 0)."""
+    lim, tokens, cost = request.limits, request.tokens, request.cost
+    period = budget_period(snap.now_us, lim)
+    if period is None:
+        return []
+    length, index = period
+    retry = ((index + 1) * length - snap.now_us) / US
+    per = f"per {openai_duration(length / US)} budget period"
+    found = []
+    if lim.budget_tokens is not None and snap.budget_used + tokens > lim.budget_tokens:
+        what = f"{lim.budget_tokens} tokens {per} ({snap.budget_used} used, {tokens} requested)"
+        found.append((tokens > lim.budget_tokens, retry, "budget", what))
+    budget = None if lim.budget_cost is None else nanos(lim.budget_cost)
+    if budget is not None and (snap.cost_used + cost > budget or snap.cost_used >= budget):
+        what = (
+            f"{lim.budget_cost:g} {per} ({snap.cost_used / NANOS:.6g} spent, "
+            f"{cost / NANOS:.6g} reserved for this request)"
+        )
+        found.append((cost > budget, retry, "budget_cost", what))
+    return found
 
 
 def _retry(retry_us: int | None, default: float) -> float:
@@ -215,9 +248,10 @@ class _Tenant:
     amounts: dict[str, int] = field(default_factory=dict)  # tokens held by runs in the window
     held: int = 0  # their sum
     live: dict[str, int] = field(default_factory=dict)  # run → slot expiry µs
-    # run → (reserved, budget period index) until released
-    pending: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    # run → (reserved tokens, budget period index, reserved cost) until released
+    pending: dict[str, tuple[int, int | None, int]] = field(default_factory=dict)
     budget: tuple[tuple[int, int], int] | None = None  # ((length, index), tokens charged)
+    cost: int = 0  # NANOS charged in the period of `budget`
 
 
 class MemoryQuotaStore:
@@ -252,10 +286,12 @@ class MemoryQuotaStore:
         period = budget_period(snap.now_us, lim)
         if period is not None:
             state.budget = (period, snap.budget_used + request.tokens)
-        state.pending[run] = (request.tokens, period[1] if period else None)
-        return Admission(request.tenant, run, request.tokens, lim, rate_headers(lim, snap))
+            state.cost = snap.cost_used + request.cost
+        state.pending[run] = (request.tokens, period[1] if period else None, request.cost)
+        headers = rate_headers(lim, snap)
+        return Admission(request.tenant, run, request.tokens, lim, headers, request.cost)
 
-    async def release(self, admission: Admission, used_tokens: int) -> None:
+    async def release(self, admission: Admission, used_tokens: int, used_cost: int = 0) -> None:
         state = self._tenants.get(admission.tenant)
         if state is None:
             return
@@ -265,7 +301,7 @@ class MemoryQuotaStore:
         pending = state.pending.pop(run, None)
         if expiry is None or pending is None or expiry <= now:
             return  # released already, or lost past the slot TTL
-        reserved, index = pending
+        reserved, index, reserved_cost = pending
         if run in state.amounts:
             state.held += used - state.amounts[run]
             state.amounts[run] = used
@@ -274,6 +310,7 @@ class MemoryQuotaStore:
         current = state.budget is not None and period is not None and state.budget[0] == period
         if current and period[1] == index:
             state.budget = (period, max(0, state.budget[1] + used - reserved))
+            state.cost = max(0, state.cost + max(0, used_cost) - reserved_cost)
         self._forget_if_idle(admission.tenant, state, now)
 
     async def headers(self, tenant: str, limits: QuotaLimits) -> dict[str, str]:
@@ -295,9 +332,12 @@ class MemoryQuotaStore:
             del state.live[run]
             state.pending.pop(run, None)
         period = budget_period(now, limits)
-        used = state.budget[1] if state.budget and state.budget[0] == period else 0
+        current = state.budget is not None and state.budget[0] == period
+        used, cost = (state.budget[1], state.cost) if current else (0, 0)
         oldest = state.window[0][0] if state.window else None
-        return Snapshot(now, len(state.window), state.held, oldest, len(state.live), used)
+        snap = Snapshot(now, len(state.window), state.held, oldest, len(state.live), used)
+        snap.cost_used = cost
+        return snap
 
     def _waits(
         self, state: _Tenant, request: QuotaRequest, snap: Snapshot

@@ -20,9 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from adapters.breaker import BreakerState
 from adapters.pool import PoolAdapter
 from adapters.pool_members import EJECTION_REASONS
-from adapters.retry_budget import REFUSED, RETRY_REASONS, RetryBudget
-
-MIGRATION_OUTCOMES = ("continued", "failed", "not_continuable")
+from adapters.retry_budget import RetryBudget
+from gateway.metric_labels import MIGRATION_OUTCOMES, RETRY_LABELS
 
 
 def _counter(
@@ -165,5 +164,5 @@ class RetryCollector:
             "stream, the member taken out), fallback (a model alias's next target); "
             "budget_exhausted counts the retries the retry budget refused.",
             ["reason"],
-            {(reason,): counts[reason] for reason in (*RETRY_REASONS, REFUSED)},
+            {(reason,): counts[reason] for reason in RETRY_LABELS},
         )

@@ -43,6 +43,9 @@ class UsageRecord:
     ttft_s: float | None
     e2e_s: float
     ended_at: float  # Unix time
+    # prompt_tokens and generated_tokens at the model's [prices] (gateway/prices.py), in the
+    # prices' currency; None when the model has no price
+    cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -56,10 +59,14 @@ class UsageRecord:
         """A record from its JSON; fields a newer writer added are ignored, so old readers
         keep working on a ledger that newer gateways append to."""
         d = orjson.loads(raw)
-        return cls(**{name: d[name] for name in _FIELDS})
+        return cls(**{name: d[name] for name in _FIELDS if name in d or name in _REQUIRED})
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(UsageRecord))
+# NOTE: fields with a default were added later: a record written before them reads as the default
+_REQUIRED = frozenset(
+    f.name for f in dataclasses.fields(UsageRecord) if f.default is dataclasses.MISSING
+)
 
 
 class UsageLedger(Protocol):

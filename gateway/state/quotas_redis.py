@@ -9,6 +9,7 @@ cluster keeps them on one slot:
     live     ZSET  run → slot expiry (µs); concurrency, and which runs still await release
     pending  HASH  run → "reserved period-index", what release needs to correct the charge
     budget:<period µs>:<index>  STRING  tokens charged in that budget period
+    cost:<period µs>:<index>    STRING  money charged in it (NANOS), against budget_cost
 
 The window keys expire a minute after the tenant's last admission, live and pending `LIVE_TTL`
 after it, a budget counter when its period ends: an idle tenant leaves nothing behind. Time comes
@@ -33,23 +34,29 @@ from policies.quotas import (
     Snapshot,
     budget_period,
     micros,
+    nanos,
     rate_headers,
     refusal,
 )
 
-_KEYS = "local W, A, H, L, P, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]\n"
+_KEYS = (
+    "local W, A, H, L, P, B, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]\n"
+)
 
 # ARGV: 1 mode ("admit" | "peek"), 2 now, 3 run, 4 tokens, 5 rpm, 6 tpm, 7 max_concurrent,
 #       8 budget tokens (-1 = unlimited), 9 window cutoff (now - window), 10 window µs,
-#       11 slot expiry, 12 window ttl ms, 13 live ttl ms, 14 budget ttl ms, 15 period index
+#       11 slot expiry, 12 window ttl ms, 13 live ttl ms, 14 budget ttl ms, 15 period index,
+#       16 cost budget (NANOS; -1 = unlimited), 17 cost reserved (NANOS)
 # Returns {status (1 admitted, also again for a live run; 0 refused or peek), requests, tokens held,
-#          oldest admission (-1: none), live, budget used, requests retry µs, tokens retry µs}
+#          oldest admission (-1: none), live, budget used, requests retry µs, tokens retry µs,
+#          cost used}
 ADMIT = (
     _KEYS
     + """
 local mode, now, run = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local tokens, rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local maxc, budget, window = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[10])
+local cbudget, cost = tonumber(ARGV[16]), tonumber(ARGV[17])
 
 -- NOTE: drop in batches: unpack() is bounded by Lua's stack.
 while true do
@@ -76,13 +83,15 @@ local held = tonumber(redis.call('GET', H) or '0')
 local live = redis.call('ZCARD', L)
 local used = 0
 if budget >= 0 then used = tonumber(redis.call('GET', B) or '0') end
+local spent = 0
+if cbudget >= 0 then spent = tonumber(redis.call('GET', C) or '0') end
 local function oldest()
   local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
   if #first == 0 then return -1 end
   return tonumber(first[2])
 end
 local function state(status, req_retry, tok_retry)
-  return {status, count, held, oldest(), live, used, req_retry, tok_retry}
+  return {status, count, held, oldest(), live, used, req_retry, tok_retry, spent}
 end
 if mode == 'peek' then return state(0, -1, -1) end
 -- NOTE: a live run admitted again is the client's resend of an admission whose reply was
@@ -117,6 +126,7 @@ if tpm >= 0 and held + tokens > tpm then
 end
 if maxc >= 0 and live >= maxc then ok = false end
 if budget >= 0 and used + tokens > budget then ok = false end
+if cbudget >= 0 and (spent + cost > cbudget or spent >= cbudget) then ok = false end
 if not ok then return state(0, req_retry, tok_retry) end
 
 if rpm >= 0 or tpm >= 0 then
@@ -140,13 +150,19 @@ if budget >= 0 then
   redis.call('PEXPIRE', B, ARGV[14])
   period = ARGV[15]
 end
-redis.call('HSET', P, run, ARGV[4] .. ' ' .. period)
+if cbudget >= 0 then
+  spent = redis.call('INCRBY', C, ARGV[17])
+  redis.call('PEXPIRE', C, ARGV[14])
+  period = ARGV[15]
+end
+redis.call('HSET', P, run, ARGV[4] .. ' ' .. period .. ' ' .. ARGV[17])
 redis.call('PEXPIRE', P, ARGV[13])
 return state(1, -1, -1)
 """
 )
 
-# ARGV: 1 run, 2 used tokens, 3 now, 4 current budget period index (-1: no budget)
+# ARGV: 1 run, 2 used tokens, 3 now, 4 current budget period index (-1: no budget),
+#       5 used cost (NANOS)
 # Returns 1 if this call released the run, 0 if it was released already or lost past its TTL.
 _RELEASE = (
     _KEYS
@@ -162,10 +178,14 @@ if old then
   redis.call('HSET', A, run, ARGV[2])
   if redis.call('EXISTS', H) == 1 then redis.call('INCRBY', H, used - tonumber(old)) end
 end
-local reserved, period = string.match(record, '^(%d+) (%-?%d+)$')
+local reserved, period, rcost = string.match(record, '^(%d+) (%-?%d+) ?(%d*)$')
 if period ~= '-1' and period == ARGV[4] and redis.call('EXISTS', B) == 1 then
   local charged = redis.call('INCRBY', B, used - tonumber(reserved))
   if charged < 0 then redis.call('INCRBY', B, -charged) end
+end
+if period ~= '-1' and period == ARGV[4] and redis.call('EXISTS', C) == 1 then
+  local charged = redis.call('INCRBY', C, tonumber(ARGV[5]) - (tonumber(rcost) or 0))
+  if charged < 0 then redis.call('INCRBY', C, -charged) end
 end
 return 1
 """
@@ -193,7 +213,9 @@ class RedisQuotaStore:
     def _keys(self, tenant: str, period: tuple[int, int] | None) -> list[str]:
         base = f"{self.prefix}quota:{{{tenant}}}:"
         budget = f"budget:{period[0]}:{period[1]}" if period else "budget:none"
-        return [base + name for name in ("window", "amounts", "held", "live", "pending", budget)]
+        cost = f"cost:{period[0]}:{period[1]}" if period else "cost:none"
+        names = ("window", "amounts", "held", "live", "pending", budget, cost)
+        return [base + name for name in names]
 
     async def admit(self, request: QuotaRequest) -> Admission:
         snap, status = await self._run(request.tenant, request.limits, "admit", request)
@@ -211,12 +233,14 @@ class RedisQuotaStore:
             request.tokens,
             request.limits,
             rate_headers(request.limits, snap),
+            request.cost,
         )
 
-    async def release(self, admission: Admission, used_tokens: int) -> None:
+    async def release(self, admission: Admission, used_tokens: int, used_cost: int = 0) -> None:
         now = micros(self.clock())
         period = budget_period(now, admission.limits)
-        args = [admission.run_id, max(0, used_tokens), now, period[1] if period else -1]
+        index = period[1] if period else -1
+        args = [admission.run_id, max(0, used_tokens), now, index, max(0, used_cost)]
         await self._release(keys=self._keys(admission.tenant, period), args=args)
 
     async def headers(self, tenant: str, limits: QuotaLimits) -> dict[str, str]:
@@ -258,6 +282,8 @@ class RedisQuotaStore:
             self._live_ttl // 1000 + 1000,
             budget_ms,
             period[1] if period else -1,
+            nanos(limits.budget_cost) if period and limits.budget_cost is not None else -1,
+            request.cost if request else 0,
         ]
         return self._keys(tenant, period), args, now
 
@@ -266,7 +292,8 @@ class RedisQuotaStore:
         """The admit script's reply: the tenant's snapshot and the status."""
         if reply[0] == -1:
             return Snapshot(now), -1
-        status, requests, held, oldest, live, used, req_retry, tok_retry = (int(v) for v in reply)
+        values = [int(v) for v in reply]
+        status, requests, held, oldest, live, used, req_retry, tok_retry = values[:8]
         snap = Snapshot(
             now,
             requests,
@@ -276,5 +303,6 @@ class RedisQuotaStore:
             used,
             None if req_retry < 0 else req_retry,
             None if tok_retry < 0 else tok_retry,
+            values[8] if len(values) > 8 else 0,  # NOTE: an opening a prior version recorded
         )
         return snap, status

@@ -60,7 +60,7 @@ if nclaim > 0 then
 end
 local state = {}
 if nadmit > 0 then
-  state = calls.admit(part(k, KEYS, 6), part(a, ARGV, nadmit))
+  state = calls.admit(part(k, KEYS, 7), part(a, ARGV, nadmit))
   if state[1] ~= 1 then
     if nclaim > 0 then redis.call('DEL', KEYS[2]) end
     return {'refused', unpack(state)}
