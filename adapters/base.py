@@ -26,6 +26,26 @@ class ModelInfo:
     created: int | None = None  # Unix time the backend made it available (when it says)
 
 
+@dataclass(slots=True, frozen=True)
+class TokenCount:
+    """A prompt's tokens as a backend counted them; `source`: `worker` (our worker, with the
+    model's tokenizer and chat template) or `upstream` (an upstream's own count)."""
+
+    input_tokens: int
+    source: str
+
+    @classmethod
+    def read(cls, value: object, source: str) -> TokenCount | None:
+        """A backend's answer as a count; None for anything but an integer ≥ 0 (a JSON
+        boolean is none)."""
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return cls(value, source)
+        return None
+
+
+COUNT_TIMEOUT_S = 10.0  # a count is one tokenization, maybe queued behind others: else estimate
+
+
 class BackendRejected(Exception):
     """The upstream refused the request as invalid; `param` names the field when known."""
 
@@ -89,7 +109,9 @@ class Adapter(Protocol):
     load, read by a pool), `capacity()`, how many runs this gateway may stream from it at
     once, None when unbounded (flow control, design §12), and `embed(inputs, dimensions,
     request_id)` → `wire.embed_body.Embeddings` where the backend serves embeddings (an adapter
-    without it does not)."""
+    without it does not), and `count_tokens(request, request_id)` → `TokenCount | None`, the
+    prompt's tokens as the backend counts them (None: it cannot say now; the gateway
+    estimates; a refusal raises BackendRejected)."""
 
     name: str
 

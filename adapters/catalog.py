@@ -37,3 +37,7 @@ class Catalog:
 
     def models(self) -> list[ModelInfo]:
         return [info for _, info in self._routes.values()]
+
+    def served(self) -> list[tuple[Adapter, ModelInfo]]:
+        """Each model with the adapter that serves it, in the order they were added."""
+        return list(self._routes.values())

@@ -78,11 +78,14 @@ class ChunkRenderer:
     def _choices(self, choices: list[dict[str, Any]], tail: bytes = b"}") -> bytes:
         return self._prefix + orjson.dumps(choices) + tail
 
-    def role(self, index: int = 0) -> bytes:
+    def role(self, index: int = 0, usage: Usage | None = None) -> bytes:
+        """A choice's first chunk; `usage`: the prompt's tokens so far, where the run wants them
+        on its opening (a Messages run's `message_start`)."""
         delta = {"role": "assistant", "content": ""}
-        return self._choices(
-            [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
-        )
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        if usage is None:
+            return self._choices(choices)
+        return self._choices(choices, b',"usage":' + orjson.dumps(usage_dict(usage)) + b"}")
 
     def render(self, event: Event) -> bytes | None:
         """The chunk for one event, or None for events that are not chunks (usage, errors)."""
@@ -110,6 +113,8 @@ class ChunkRenderer:
                 "logprobs": None,
                 "finish_reason": event.reason,
             }
+            if event.stop_string is not None:  # vLLM's field: the stop string that matched
+                choice["stop_reason"] = event.stop_string
         else:
             return None
         return self._choices([choice])
@@ -131,6 +136,7 @@ class CompletionBuilder:
         self._logprobs: list[list[bytes] | None] = [None] * n  # each: a list's inner JSON
         self._tool_calls: list[dict[int, dict[str, Any]]] = [{} for _ in range(n)]
         self._finish: list[str | None] = [None] * n
+        self._stop_strings: list[str | None] = [None] * n
         self.usage: Usage | None = None
 
     def add(self, event: Event) -> None:
@@ -155,6 +161,7 @@ class CompletionBuilder:
             call["function"]["arguments"] += event.arguments
         elif type(event) is Finish:
             self._finish[event.index] = event.reason
+            self._stop_strings[event.index] = event.stop_string
         elif type(event) is Usage:
             self.usage = event
 
@@ -185,14 +192,15 @@ class CompletionBuilder:
             logprobs = None
             if kept is not None:
                 logprobs = {"content": orjson.Fragment(b"[" + b",".join(kept) + b"]")}
-            choices.append(
-                {
-                    "index": i,
-                    "message": message,
-                    "logprobs": logprobs,
-                    "finish_reason": self._finish[i] if early else self.finish_reason(i),
-                }
-            )
+            choice = {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": self._finish[i] if early else self.finish_reason(i),
+            }
+            if self._stop_strings[i] is not None:
+                choice["stop_reason"] = self._stop_strings[i]
+            choices.append(choice)
         usage = self.usage
         if usage is None and not early:
             usage = Usage(0, 0)
@@ -234,7 +242,7 @@ def completion_chunks(raw: bytes, include_usage: bool = False) -> list[bytes]:
                 ToolCallDelta(k, function["arguments"], call["id"], function["name"], index=i)
             )
         if choice.get("finish_reason"):
-            events.append(Finish(choice["finish_reason"], i))
+            events.append(Finish(choice["finish_reason"], i, stop_string_of(choice)))
         chunks += [c for e in events if (c := renderer.render(e)) is not None]
     usage = completion.get("usage")
     if include_usage and usage:
@@ -318,7 +326,16 @@ def _choice_events(choice: dict[str, Any], n: int, events: list[Event]) -> None:
         )
     reason = typed(choice.get("finish_reason"), str)
     if reason:
-        events.append(Finish(reason if reason in FINISH_REASONS else "stop", index))
+        reason = reason if reason in FINISH_REASONS else "stop"
+        stop_string = stop_string_of(choice) if reason == "stop" else None
+        events.append(Finish(reason, index, stop_string))
+
+
+def stop_string_of(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice, from vLLM's `stop_reason` (ours says the same);
+    None where it is absent, null, or a stop token's id (an integer)."""
+    value = choice.get("stop_reason")
+    return value if isinstance(value, str) else None
 
 
 def logged_events(payload: bytes, n: int = 1) -> list[Event]:

@@ -40,10 +40,12 @@ class ToolCallDelta:
 
 @dataclass(slots=True)
 class Finish:
-    """One choice is done; `reason` is an OpenAI finish reason."""
+    """One choice is done; `reason` is an OpenAI finish reason. `stop_string`: the request's
+    stop string that ended it, where the upstream says (vLLM's `stop_reason`), else None."""
 
     reason: str
     index: int = 0
+    stop_string: str | None = None
 
     def __post_init__(self) -> None:
         if self.reason not in FINISH_REASONS:
@@ -76,9 +78,11 @@ class ErrorEvent:
 class Accepted:
     """The upstream took the request (it validated it and queued it); nothing computed yet.
     `model`: the model serving it where that is not the one asked for (a model alias's target,
-    adapters/fallback.py): the response names it."""
+    adapters/fallback.py): the response names it. `prompt_tokens`: the prompt's tokens as the
+    upstream counted them, where it says this early (our workers), else None."""
 
     model: str | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)

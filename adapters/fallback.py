@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import structlog
 
-from adapters.base import Adapter, BackendFailed, BackendUnavailable, ModelInfo
+from adapters.base import Adapter, BackendFailed, BackendUnavailable, ModelInfo, TokenCount
 from adapters.events import Accepted, Admitted, ErrorEvent, Event
 from adapters.fallback_route import Alias, Route
 from adapters.pool_members import MemberLost
@@ -115,6 +115,12 @@ class FallbackAdapter:
         plans its runs itself and streams them as `FallbackRun`s)."""
         return self.run(self.plan(request)).stream(request, request_id)
 
+    async def count_tokens(self, request: ChatRequest, request_id: str) -> TokenCount | None:
+        """The count of the target this request would try first; None where it cannot count."""
+        target = self.alias.order(request)[0]
+        count = getattr(self.targets[target], "count_tokens", None)
+        return None if count is None else await count(replace(request, model=target), request_id)
+
     async def abort(self, request_id: str) -> bool:
         run = self._live.get(request_id)
         return False if run is None else await run.abort(request_id)
@@ -192,6 +198,8 @@ class FallbackRun:
                 if self.aborting:
                     raise skip.cause from None  # the run is ending anyway: nothing more to try
                 route.skip(target, skip.reason)
+                if request.trace is not None:
+                    request.trace.event("sluice.fallback", target=target, reason=skip.reason)
                 cause = skip.cause
                 log.warning(
                     "alias target passed over", alias=route.alias, target=target, why=skip.reason
@@ -212,16 +220,18 @@ class FallbackRun:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         async with aclosing(adapter.stream(replace(request, model=target), request_id)) as events:
+            prompt: int | None = None  # the prompt's tokens, where the target's Accepted says
             while True:  # until its first token
                 batch = await self._next(events, deadline, target)
                 if batch is None:  # it ended without a token: what it sent is its answer
                     self._serve(target)
-                    yield [Accepted(model=target)]
+                    yield [Accepted(target, prompt)]
                     return
+                prompt = next((e.prompt_tokens for e in batch if type(e) is Accepted), prompt)
                 opening, batch = self._opening(batch, last)
                 if opening:
                     self._serve(target)
-                    yield [Accepted(model=target), *batch]
+                    yield [Accepted(target, prompt), *batch]
                     break
                 if batch:
                     yield batch  # Admitted only

@@ -86,8 +86,8 @@ def sticky_point(request: ChatRequest) -> float:
     digest = hashlib.blake2b(digest_size=8)
     if request.tools and request.tool_choice != "none":
         digest.update(json.dumps(request.tools, sort_keys=True).encode())
-    if request.prompt is not None:  # a legacy completion: its raw text
-        digest.update(request.prompt.encode())
+    if request.prompt is not None:  # a legacy completion: its raw text (or token ids)
+        digest.update(str(request.prompt).encode())
     for message in request.messages:
         digest.update(f"{message.role}\x00{message.content or ''}\x00".encode())
         if message.role == "user":

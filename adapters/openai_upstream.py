@@ -6,6 +6,8 @@ how a request is aborted. Upstream error text never passes this module. A reques
 prompt (a legacy completion, `ChatRequest.prompt`) goes to the upstream's own `/completions`,
 its `text_completion` chunks read by adapters/completion_chunks.py into the same events.
 Embeddings are proxied to the upstream's `/embeddings` (floats asked for; the gateway encodes).
+A prompt is counted by the upstream's `POST /tokenize` at its server root (vLLM's), where it has
+one.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import aiohttp
 import orjson
 
 from adapters.base import (
+    COUNT_TIMEOUT_S,
     BackendFailed,
     BackendRejected,
     BackendUnavailable,
     ModelInfo,
+    TokenCount,
     parse_retry_after,
 )
 from adapters.chat_chunks import chunk_events
@@ -30,6 +34,7 @@ from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
 from wire.embed_body import Embeddings
 
+COUNT_TIMEOUT = aiohttp.ClientTimeout(total=COUNT_TIMEOUT_S)
 _OPTIONAL = (
     "max_tokens",
     "seed",
@@ -122,6 +127,7 @@ class OpenAIUpstreamAdapter:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._counts = True  # False once its `/tokenize` answered that it has none
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -164,6 +170,8 @@ class OpenAIUpstreamAdapter:
             path, read = "completions", completion_chunk_events
             body = orjson.dumps(upstream_completion_body(request, self.upstream_model))
         headers = {**self._headers, "X-Request-Id": request_id}
+        if request.trace is not None:  # W3C trace context: the upstream's spans join the run's
+            headers["traceparent"] = request.trace.traceparent
         try:
             resp = await self._session.post(f"{self.base_url}/{path}", data=body, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
@@ -215,6 +223,34 @@ class OpenAIUpstreamAdapter:
             raise BackendUnavailable("The upstream model server is unreachable.") from exc
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not OpenAI's shape
             raise BackendFailed("The upstream sent a malformed embeddings answer.") from exc
+
+    async def count_tokens(self, request: ChatRequest, request_id: str) -> TokenCount | None:
+        """The upstream's own count of the prompt (vLLM's `POST /tokenize` at the server root,
+        `{"model", "messages"}` → `{"count"}`); None where it has none (remembered after its
+        first 404 or 405) or cannot answer now: the caller estimates."""
+        assert self._session is not None
+        if not self._counts or request.prompt is not None:
+            return None
+        body: dict[str, Any] = {
+            "model": self.upstream_model,
+            "messages": [m.to_dict() for m in request.messages],
+        }
+        if request.tools:
+            body["tools"] = request.tools
+        root = self.base_url.removesuffix("/v1")
+        headers = {**self._headers, "X-Request-Id": request_id}
+        try:
+            async with self._session.post(
+                f"{root}/tokenize", data=orjson.dumps(body), headers=headers, timeout=COUNT_TIMEOUT
+            ) as resp:
+                if resp.status in (404, 405):
+                    self._counts = False
+                if resp.status != 200:
+                    return None
+                count = orjson.loads(await resp.read()).get("count")
+        except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return TokenCount.read(count, "upstream")
 
     async def abort(self, request_id: str) -> bool:
         """No in-band abort in the OpenAI API: closing the stream is the abort (and the stream

@@ -9,6 +9,7 @@ it best, and a dead or hung member costs the client nothing it can see.
   retried. A run whose member dies or is taken out mid-stream continues on another member from
   the exact token (adapters/pool_continuation.py); a run that cannot be continued ends with a
   `worker_failed` error event, never a hang.
+- Token counts (`count_tokens`): the member a request would go to, else the next that counts.
 - Embeddings (`embed`): routed like a request not yet started, among the members that serve
   them, and failed over the same way before the answer; there is no stream to continue.
 - Breakers and the retry budget: each member has a circuit breaker (adapters/breaker.py) that
@@ -28,7 +29,14 @@ from typing import Any
 
 import structlog
 
-from adapters.base import Adapter, BackendFailed, BackendRejected, BackendUnavailable, ModelInfo
+from adapters.base import (
+    Adapter,
+    BackendFailed,
+    BackendRejected,
+    BackendUnavailable,
+    ModelInfo,
+    TokenCount,
+)
 from adapters.breaker import Breaker, BreakerPolicy
 from adapters.events import ErrorEvent, Event
 from adapters.pool_continuation import RunProgress
@@ -258,6 +266,8 @@ class PoolAdapter(PoolHealth):
             log.warning("retry refused by the budget", member=failed.name, pool=self.name)
             return None
         log.warning("pool member failed a request", member=failed.name, retry=True, why=reason)
+        if run.original.trace is not None:
+            run.original.trace.event("sluice.retry", member=failed.name, reason=reason)
         wait = self.budget.backoff(len(tried))
         if resting:  # only members resting on a retry-after are left: the first back takes it
             wait = max(wait, min(self.members[i].rest_until for i in resting) - self.clock())
@@ -286,6 +296,9 @@ class PoolAdapter(PoolHealth):
             return None
         run.migrations += 1
         run.migrating = True
+        if run.original.trace is not None:
+            to, tokens = self.members[index].name, run.tokens
+            run.original.trace.event("sluice.migration", member=failed.name, to=to, tokens=tokens)
         log.warning(
             "continuing run on another member",
             member=failed.name,
@@ -327,6 +340,11 @@ class PoolAdapter(PoolHealth):
             if self._serving.get(request_id, (None,))[0] is lease:
                 del self._serving[request_id]
 
+    @property
+    def serves_embeddings(self) -> bool:
+        """Whether some member serves embeddings (`GET /v1/models` says so)."""
+        return any(hasattr(m.adapter, "embed") for m in self.members)
+
     async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
         """The vectors from a usable member that serves embeddings; on a failure before its
         answer, the next one (the retry budget allowing); a refusal is the request's own."""
@@ -355,6 +373,17 @@ class PoolAdapter(PoolHealth):
             finally:
                 member.release(lease)
         raise last
+
+    async def count_tokens(self, request: ChatRequest, request_id: str) -> TokenCount | None:
+        """The count of the usable member the request would be routed to, or of the next that
+        can count; None when none can (the caller estimates). Not leased: nothing runs."""
+        tried = {i for i, m in enumerate(self.members) if not hasattr(m.adapter, "count_tokens")}
+        while (index := self.choose(request, tried)) is not None:
+            tried.add(index)
+            count = await self.members[index].adapter.count_tokens(request, request_id)
+            if count is not None:
+                return count
+        return None
 
     async def abort(self, request_id: str) -> bool:
         """Routed to the member streaming `request_id`; an id no member streams is False."""

@@ -62,7 +62,8 @@ class RunProgress:
     @property
     def _text_continuable(self) -> bool:
         format_type = (self.original.response_format or {}).get("type", "text")
-        return not self.called and format_type == "text"
+        token_ids = isinstance(self.original.prompt, list)  # no text to grow them by
+        return not self.called and format_type == "text" and not token_ids
 
     def begin_on(self, adapter: Any) -> ChatRequest:
         """What `adapter` is asked: the request, its continuation from the exact tokens, or

@@ -6,9 +6,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from wire.share import Share
+
+
+class TraceHook(Protocol):
+    """The run's trace as adapters see it (gateway/tracing/run_trace.py): the `traceparent` an
+    upstream call carries, and events for what happened on the way (a retry, a fallback, a
+    migration). Adapters know nothing of OpenTelemetry."""
+
+    traceparent: str
+
+    def event(self, name: str, **attributes: str | int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -68,6 +78,15 @@ class ChatRequest:
     # set by the gateway, never by a client: when a worker died mid-stream, the token ids of
     # choice 0 it had streamed; the next worker goes on from them (docs/worker-api.md)
     continuation: list[int] | None = None
+    # set by the gateway, never by a client: not None, the run's first role chunk carries the
+    # prompt's tokens as `usage` (vLLM's continuous-usage shape): the upstream's count where it
+    # reports one on accepting the run (our workers), else this, the gateway's estimate; what a
+    # Messages stream's `message_start` reports
+    usage_on_open: int | None = None
     # a legacy completion's raw prompt (`POST /v1/completions`): the text the model continues,
-    # tokenized as is with no chat template; `messages` is then empty (docs/worker-api.md)
-    prompt: str | None = None
+    # tokenized as is with no chat template, or its token ids; `messages` is then empty
+    # (docs/worker-api.md)
+    prompt: str | list[int] | None = None
+    # set by the gateway when the run is traced (--otlp-endpoint): the upstream call's
+    # `traceparent` and the run span's events; None when tracing is off
+    trace: TraceHook | None = None

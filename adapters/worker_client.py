@@ -19,10 +19,12 @@ import aiohttp
 import orjson
 
 from adapters.base import (
+    COUNT_TIMEOUT_S,
     BackendFailed,
     BackendRejected,
     BackendUnavailable,
     ModelInfo,
+    TokenCount,
     parse_retry_after,
 )
 from adapters.events import (
@@ -54,6 +56,7 @@ _PASSED_CODES = frozenset(
     }
 )
 ABORT_TIMEOUT = aiohttp.ClientTimeout(total=2)  # an abort that cannot be asked fast is closed
+COUNT_TIMEOUT = aiohttp.ClientTimeout(total=COUNT_TIMEOUT_S)
 
 
 def engine_slots(max_num_seqs: int) -> int:
@@ -124,11 +127,12 @@ def to_event(line: api.Line) -> Event:
             return Aborted(
                 line.index, line.completion_tokens, line.tail_tokens or 0, line.stop_latency_ms
             )
-        return Finish(line.reason, line.index)
+        stop_string = line.stop_string if isinstance(line.stop_string, str) else None
+        return Finish(line.reason, line.index, stop_string)
     if kind is api.AdmittedLine:
         return Admitted()
     if kind is api.AcceptedLine:
-        return Accepted()
+        return Accepted(prompt_tokens=line.prompt_tokens)
     if kind is api.UsageLine:
         return Usage(line.prompt_tokens, line.completion_tokens)
     return ErrorEvent("worker_error", "The model worker failed while generating.")
@@ -218,11 +222,12 @@ class WorkerAdapter:
             # NOTE: only a worker started with a lower --max-body-bytes than the gateway's
             # limit gets here; the client hears what it would have heard from the gateway.
             raise BackendRejected("The request body is too large.", None, status=413)
+        headers = {"Content-Type": "application/json"}
+        if request.trace is not None:  # the worker's span becomes the run span's child
+            headers["traceparent"] = request.trace.traceparent
         try:
             resp = await self._session.post(
-                f"{self.base_url}/v1/generate",
-                data=body,
-                headers={"Content-Type": "application/json"},
+                f"{self.base_url}/v1/generate", data=body, headers=headers
             )
         except (aiohttp.ClientError, OSError) as exc:
             raise BackendUnavailable("The model worker is unreachable.") from exc
@@ -256,6 +261,28 @@ class WorkerAdapter:
             raise BackendUnavailable("The model worker is unreachable.") from exc
         except ValueError as exc:  # not JSON, or not an answer this version reads
             raise BackendFailed("The model worker sent a malformed answer.") from exc
+
+    async def count_tokens(self, request: ChatRequest, request_id: str) -> TokenCount | None:
+        """The prompt's tokens as the worker renders them for generation (`POST /v1/count`,
+        the same body as `/v1/generate`); None from a worker without the route, or one that
+        cannot answer now (the caller estimates instead)."""
+        assert self._session is not None
+        body = generate_request(request, request_id).to_json()
+        try:
+            async with self._session.post(
+                f"{self.base_url}/v1/count",
+                data=body,
+                headers={"Content-Type": "application/json"},
+                timeout=COUNT_TIMEOUT,
+            ) as resp:
+                if resp.status == 400:
+                    await _raise_for_status(resp)
+                if resp.status != 200:
+                    return None
+                tokens = orjson.loads(await resp.read()).get("input_tokens")
+        except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return TokenCount.read(tokens, "worker")
 
     async def abort(self, request_id: str) -> bool:
         """Ask the worker to stop `request_id`; False when it does not know it or is unreachable

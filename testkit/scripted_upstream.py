@@ -475,6 +475,10 @@ def embedding_of(text: str, dimensions: int = EMBEDDING_SIZE) -> list[float]:
 
 async def embeddings(request: web.Request) -> web.Response:
     body = await request.json()
+    status_for = request.app[STATE].status_for
+    if body.get("model") in status_for:
+        status, payload = status_for[body["model"]]
+        return web.json_response(payload, status=status)
     texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
     dimensions = body.get("dimensions") or EMBEDDING_SIZE
     if dimensions > EMBEDDING_SIZE:

@@ -29,6 +29,9 @@ import orjson
 # for its missing `messages`.
 # 6: `POST /v1/embed` (unit vectors of texts, the model's final hidden state mean-pooled). A
 # version-5 worker answers it 404, so the gateway refuses one rather than fail each embedding.
+# (`stop_string` on `finish` lines and `POST /v1/count` needed no new version: a gateway that
+# ignores the field only reports less, and a worker without the route answers it 404, which the
+# gateway takes as "count by estimate".)
 API_VERSION = 6
 
 
@@ -130,13 +133,15 @@ class ToolCallLine:
 class FinishLine:
     """A choice is done. With reason `abort`, also what the abort cost: tokens generated after
     it arrived and the time from its arrival to the step boundary where the sequence stopped
-    (the gateway's `Finish`, or its `Aborted`)."""
+    (the gateway's `Finish`, or its `Aborted`). `stop_string`: the request's stop string that
+    ended the choice (reason `stop`), absent otherwise."""
 
     reason: str  # stop | length | tool_calls | abort
     index: int
     completion_tokens: int
     tail_tokens: int | None = None
     stop_latency_ms: float | None = None
+    stop_string: str | None = None
     type: str = "finish"
 
     def wire(self) -> dict[str, Any]:
@@ -146,6 +151,8 @@ class FinishLine:
             "reason": self.reason,
             "completion_tokens": self.completion_tokens,
         }
+        if self.stop_string is not None:
+            out["stop_string"] = self.stop_string
         if self.reason == "abort":
             out["tail_tokens"] = self.tail_tokens
             out["stop_latency_ms"] = self.stop_latency_ms

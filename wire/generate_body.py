@@ -45,7 +45,8 @@ class GenerateRequest:
     shared_system_prompt: bool = False  # the gateway's word: the first message is declared shared
     share: Share | None = None  # its tenant (a digest), weight and tier, for fair scheduling
     continue_final_message: bool = False  # go on writing the last (assistant) message
-    prompt: str | None = None  # raw text in place of `messages` (then empty): no chat template
+    # raw text, or token ids, in place of `messages` (then empty): no chat template
+    prompt: str | list[int] | None = None
 
     def to_json(self) -> bytes:
         p = self.params
@@ -107,7 +108,8 @@ class GenerateBody:
     shared_system_prompt: bool = False  # the first message may be cached for every salt
     share: Share = DEFAULT_SHARE  # its tenant, weight and tier (workers/fair_policy.py)
     continue_final_message: bool = False  # the last message is the assistant's, to go on with
-    prompt: str | None = None  # raw text, tokenized as is, in place of `messages` (then empty)
+    # raw text, tokenized as is, or token ids taken as they are, in place of `messages`
+    prompt: str | tuple[int, ...] | None = None
 
 
 def _share(body: dict[str, Any]) -> Share:
@@ -169,12 +171,14 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _token_ids(value: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
 def _continuation(body: dict[str, Any], n: int) -> tuple[int, ...]:
     """Token ids another worker generated for choice 0 and the client already received."""
     value = _field(body, "continuation", [])
-    if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    ):
+    if not isinstance(value, list) or not _token_ids(value):
         raise BadRequest(
             "continuation must be a list of token ids (integers >= 0)",
             "continuation",
@@ -231,13 +235,20 @@ def _message(i: int, message: Any) -> dict[str, Any]:
     return out
 
 
-def _prompt(body: dict[str, Any]) -> str | None:
-    """A raw prompt, the alternative to `messages` (exactly one of them is sent)."""
+def _prompt(body: dict[str, Any]) -> str | tuple[int, ...] | None:
+    """A raw prompt, the alternative to `messages` (exactly one of them is sent): text, or
+    token ids (checked against the vocabulary by the worker, which knows it)."""
     value = body.get("prompt")
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
-        raise BadRequest("prompt must be a non-empty string", "prompt", "invalid_type")
+    if isinstance(value, list) and 0 < len(value) <= MAX_CONTINUATION and _token_ids(value):
+        value = tuple(value)
+    elif not isinstance(value, str) or not value:
+        raise BadRequest(
+            "prompt must be a non-empty string or a non-empty list of token ids",
+            "prompt",
+            "invalid_type",
+        )
     if body.get("messages") is not None:
         raise BadRequest("send either messages or prompt, not both", "prompt")
     return value

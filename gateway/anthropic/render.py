@@ -2,10 +2,11 @@
 
 A Messages request is a run like any chat completion; its log holds the same chunks, read back
 as the run's events (adapters/chat_chunks.py). This renderer says what they are in Anthropic's
-protocol: `message_start`; per content block its `content_block_start`, its deltas
+protocol: `message_start` (with the prompt's tokens, which the run's first role chunk carries: see
+gateway/runs/pipeline.py); per content block its `content_block_start`, its deltas
 (`text_delta`, `input_json_delta`) and its `content_block_stop`; a `ping` after the first
-block opens; then, once the run has ended, `message_delta` (the stop reason and usage) and
-`message_stop`, or an `error` event for a run that did not complete.
+block opens; then, once the run has ended, `message_delta` (the stop reason, the stop sequence
+that matched, and usage) and `message_stop`, or an `error` event for a run that did not complete.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from typing import Any
 
 import orjson
 
-from adapters.events import ErrorEvent, Event, Finish, TextDelta, ToolCallDelta
+from adapters.chat_chunks import stop_string_of
+from adapters.events import ErrorEvent, Event, Finish, TextDelta, ToolCallDelta, Usage
 from gateway.anthropic.errors import stream_error
 from gateway.runs.status import RunStatus
 from gateway.state.run_store import TerminalRecord
 
-# NOTE: a stop string's finish is `stop` like the end of the turn: the run does not say which
-# string matched, so `stop_sequence` is never reported (docs/anthropic.md)
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -29,8 +29,14 @@ STOP_REASONS = {
 }
 
 
-def stop_reason(finish_reason: str | None) -> str:
-    return STOP_REASONS.get(finish_reason or "stop", "end_turn")
+def stop_fields(finish_reason: str | None, stop_string: str | None = None) -> dict[str, Any]:
+    """`stop_reason` and `stop_sequence` of a choice that finished so. NOTE: a finish `stop`
+    is a stop sequence only where the backend said which string matched (our workers, vLLM);
+    otherwise it reads as the end of the turn (docs/runs/anthropic-messages.md)."""
+    reason = finish_reason or "stop"
+    if reason == "stop" and stop_string is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_string}
+    return {"stop_reason": STOP_REASONS.get(reason, "end_turn"), "stop_sequence": None}
 
 
 def usage_of(completion: dict[str, Any] | None) -> dict[str, int]:
@@ -73,8 +79,7 @@ def message_object(message_id: str, completion: dict[str, Any]) -> dict[str, Any
         "role": "assistant",
         "content": content,
         "model": completion.get("model", ""),
-        "stop_reason": stop_reason(choice.get("finish_reason")),
-        "stop_sequence": None,
+        **stop_fields(choice.get("finish_reason"), stop_string_of(choice)),
         "usage": usage_of(completion),
     }
 
@@ -82,7 +87,16 @@ def message_object(message_id: str, completion: dict[str, Any]) -> dict[str, Any
 class MessageRenderer:
     """Renders one run's log events, in order, as Anthropic stream events (dicts)."""
 
-    __slots__ = ("_calls", "_index", "_open", "_pinged", "finish_reason", "message_id", "model")
+    __slots__ = (
+        "_calls",
+        "_index",
+        "_open",
+        "_pinged",
+        "finish",
+        "message_id",
+        "model",
+        "started",
+    )
 
     def __init__(self, message_id: str, model: str) -> None:
         self.message_id = message_id
@@ -91,9 +105,12 @@ class MessageRenderer:
         self._open: str | None = None  # its kind: "text", "tool_use", or None when closed
         self._calls: dict[int, int] = {}  # a tool call's index → its content block
         self._pinged = False
-        self.finish_reason: str | None = None
+        self.started = False  # message_start is out
+        self.finish: Finish | None = None
 
-    def opening(self) -> list[dict[str, Any]]:
+    def opening(self, input_tokens: int = 0) -> list[dict[str, Any]]:
+        """`message_start`, once; `input_tokens`: the prompt's, as the run's opening says."""
+        self.started = True
         message = {
             "id": self.message_id,
             "type": "message",
@@ -102,13 +119,17 @@ class MessageRenderer:
             "model": self.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         }
         return [{"type": "message_start", "message": message}]
 
     def feed(self, events: list[Event]) -> list[dict[str, Any]]:
-        """The stream events of a run's events (none for usage: it comes with the ending)."""
+        """The stream events of one log chunk's events: `message_start` first, from the run's
+        opening chunk (its usage is the prompt's); later usage comes with the ending."""
         out: list[dict[str, Any]] = []
+        if not self.started:
+            usage = next((e for e in events if type(e) is Usage), None)
+            out += self.opening(usage.prompt_tokens if usage is not None else 0)
         for event in events:
             kind = type(event)
             if kind is TextDelta:
@@ -118,7 +139,7 @@ class MessageRenderer:
             elif kind is ToolCallDelta:
                 out += self._call(event)
             elif kind is Finish:
-                self.finish_reason = event.reason
+                self.finish = event
                 out += self._stop()
             elif kind is ErrorEvent:
                 pass  # the run ends failed: its ending says so, once
@@ -131,9 +152,15 @@ class MessageRenderer:
             error = terminal.error or {"message": "The run did not complete."}
             return [*events, stream_error(error)]
         completion = terminal.completion_object()
-        reason = stop_reason(terminal.finish_reason or self.finish_reason)
-        delta = {"stop_reason": reason, "stop_sequence": None}
-        events.append({"type": "message_delta", "delta": delta, "usage": usage_of(completion)})
+        usage = usage_of(completion)
+        if not self.started:  # a log read from its start always opens; this is a safeguard
+            events = self.opening(usage["input_tokens"]) + events
+        choice = ((completion or {}).get("choices") or [{}])[0]
+        finish = self.finish
+        reason = terminal.finish_reason or (finish.reason if finish else None)
+        stop_string = stop_string_of(choice) or (finish.stop_string if finish else None)
+        delta = stop_fields(reason, stop_string)
+        events.append({"type": "message_delta", "delta": delta, "usage": usage})
         events.append({"type": "message_stop"})
         return events
 

@@ -20,6 +20,7 @@ from adapters.requests import ChatRequest
 from gateway.field_check import check_fields
 from gateway.http.errors import APIError, invalid_request
 from gateway.protocol import MAX_INT64, parse_chat_request
+from gateway.runs.admission import prompt_estimate
 from wire.limits import shown
 
 HONOURED = frozenset(
@@ -60,10 +61,6 @@ REFUSED_BLOCKS = frozenset(
     }
 )
 ROLES = frozenset({"user", "assistant"})
-# Says where a count_tokens answer came from: `estimate` is the gateway's own
-# (policies/quotas.py), high by design; a backend counting with the model's tokenizer would say
-# `tokenizer`.
-COUNT_SOURCE_HEADER = "x-sluice-token-count"
 
 # chat field → Messages field, for errors the chat parser and the backend checks raise
 _RENAMES = (
@@ -287,6 +284,7 @@ def messages_request(body: Any) -> tuple[dict[str, Any], ChatRequest]:
     chat_json = chat_body(body)
     chat = parse_chat_request(chat_json)
     chat.top_k = chat_json.get("top_k", 0)
+    chat.usage_on_open = prompt_estimate(chat)  # message_start's input_tokens, at the latest
     return chat_json, chat
 
 

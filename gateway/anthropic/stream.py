@@ -4,6 +4,10 @@ The run's log is followed by the same loop as a chat stream (gateway/runs/follow
 counts as a follower, so the disconnect grace applies and a dropped stream cancels the run); the
 log is read from its start and each batch goes through the message renderer. Each event is
 framed whole here (its `event:` line names its type), so the writer only joins the frames.
+
+NOTE: `message_start` waits for the run's first chunk, which the run writes once its backend
+accepted it and which carries the prompt's tokens; a run still waiting for capacity gets the
+stream's headers and `: ping` comments meanwhile, as any stream does.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class MessageFrames:
         self._renderer = MessageRenderer(record.run_id, record.model)
 
     def first(self, events: LogEvents) -> LogEvents:
-        return framed(self._renderer.opening() + self._render(events))
+        return framed(self._render(events))
 
     def batch(self, events: LogEvents, behind: bool) -> LogEvents:
         return framed(self._render(events))

@@ -1,16 +1,17 @@
 """The legacy Completions request (`POST /v1/completions`): parsed into the same `ChatRequest`
-a chat completion is, with its raw `prompt` in place of messages.
+a chat completion is, with its raw `prompt` in place of messages, one per prompt asked for.
 
 The fields both APIs share (`temperature`, `top_p`, `n`, `stop`, `seed`, `stream`,
 `stream_options`, penalties, `user`, `service_tier`) are checked by the chat parser itself, so
-both refuse alike. What is the legacy API's own is checked here: `prompt` (a string, or an array
-holding one string), `max_tokens` (default 16, as OpenAI's), `logprobs` (an integer: how many
-alternatives per token, 0 to 5), `echo` (false only), `suffix` and `best_of` (refused).
+both refuse alike. What is the legacy API's own is checked here: `prompt` (a string, a list of
+strings, a list of token ids or a list of such lists: each prompt becomes a run of its own),
+`max_tokens` (default 16, as OpenAI's), `logprobs` (an integer: how many alternatives per token,
+0 to 5), `echo` (of a text prompt, without `logprobs`), `suffix` and `best_of` (refused).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.requests import ChatRequest
@@ -19,7 +20,16 @@ from gateway.protocol import parse_chat_request
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a legacy completion
 MAX_LOGPROBS = 5  # OpenAI's largest `logprobs` for a legacy completion
+# NOTE: each prompt is a run of its own (its own reservation, slot and ledger record), so the
+# bound is on how many runs one call may open at once, well under a tenant's usual concurrency
+MAX_PROMPTS = 32
+MAX_PROMPT_IDS = 1 << 20  # far above any context: the worker's context check is the real one
+# far above any vocabulary (the worker checks against its own); keeps ids within JSON's usual
+# 64-bit integers on the way to a backend
+MAX_TOKEN_ID = (1 << 31) - 1
 META = "completion"  # the run record's meta key: the run answers as a `text_completion`
+
+Prompt = str | list[int]
 
 # fields of the chat parser a legacy request has no business sending
 _CHAT_ONLY = (
@@ -37,49 +47,96 @@ _CHAT_ONLY = (
 
 @dataclass(frozen=True, slots=True)
 class CompletionParams:
-    """What a legacy completion's answer needs beyond its run: kept in the run's meta."""
+    """What one run's legacy answer needs beyond the run: kept in the run's meta. `index`: the
+    run's prompt's place in its request (its choices are `index * n + choice`); `echo`: the
+    prompt text each choice's text begins with (None: no echo)."""
 
     n: int
     include_usage: bool
+    index: int = 0
+    echo: str | None = None
+
+    @property
+    def first_choice(self) -> int:
+        return self.index * self.n
 
     def to_meta(self) -> dict[str, Any]:
-        return {"n": self.n, "include_usage": self.include_usage}
+        meta: dict[str, Any] = {"n": self.n, "include_usage": self.include_usage}
+        if self.index:
+            meta["index"] = self.index
+        if self.echo is not None:
+            meta["echo"] = self.echo
+        return meta
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> CompletionParams:
-        return cls(meta["n"], meta["include_usage"])
+        return cls(meta["n"], meta["include_usage"], meta.get("index", 0), meta.get("echo"))
 
 
-def _prompt(body: dict[str, Any]) -> str:
+@dataclass(frozen=True, slots=True)
+class CompletionCall:
+    """A parsed request: the shared fields (`chat`, its prompt the first one's) and every
+    prompt, each to become a run of its own."""
+
+    chat: ChatRequest
+    prompts: list[Prompt]
+    include_usage: bool
+    echo: bool
+
+    def runs(self) -> list[tuple[ChatRequest, CompletionParams]]:
+        """Each prompt's request and its answer's parameters, in the prompts' order."""
+        out = []
+        for index, prompt in enumerate(self.prompts):
+            echo = prompt if self.echo and isinstance(prompt, str) else None
+            params = CompletionParams(self.chat.n, self.include_usage, index, echo)
+            out.append((replace(self.chat, prompt=prompt), params))
+        return out
+
+
+def _is_id(value: Any) -> bool:
+    """A token id: an integer >= 0 (JSON's 5.0 is one too, as JSON Schema counts)."""
+    if isinstance(value, float):
+        return value.is_integer() and 0 <= value <= MAX_TOKEN_ID
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and 0 < len(value) <= MAX_PROMPT_IDS and all(map(_is_id, value))
+
+
+def _all_alike(prompts: list[Any]) -> bool:
+    """All strings, or all lists of token ids (a mix is no prompt OpenAI takes either)."""
+    return all(isinstance(p, str) for p in prompts) or all(_is_ids(p) for p in prompts)
+
+
+def _prompts(body: dict[str, Any]) -> list[Prompt]:
+    """The prompts: one string, a list of strings, a list of token ids, a list of such lists."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if prompt == "":
-        raise invalid_request("prompt", "Invalid 'prompt': it must not be empty.")
     if prompt is None:
         raise invalid_request(
             "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
         )
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif _is_ids(prompt):
+        prompts = [[int(t) for t in prompt]]
+    elif isinstance(prompt, list) and prompt and _all_alike(prompt):
+        prompts = [p if isinstance(p, str) else [int(t) for t in p] for p in prompt]
+    else:
         raise invalid_request(
             "prompt",
-            "Invalid 'prompt': only one prompt per request is supported; send each prompt in a "
-            "request of its own (use 'n' for several completions of one prompt).",
-            code="unsupported_value",
+            "Invalid type for 'prompt': expected a string, an array of strings, an array of "
+            f"token ids (integers from 0 to {MAX_TOKEN_ID}) or an array of such arrays, none "
+            "of them empty.",
+            code="invalid_type",
         )
-    if isinstance(prompt, list) and prompt and all(isinstance(p, int | list) for p in prompt):
+    if any(p == "" for p in prompts):
+        raise invalid_request("prompt", "Invalid 'prompt': a prompt must not be empty.")
+    if len(prompts) > MAX_PROMPTS:
         raise invalid_request(
-            "prompt",
-            "Invalid 'prompt': token ids are not supported; send the prompt as a string.",
-            code="unsupported_value",
+            "prompt", f"Invalid 'prompt': at most {MAX_PROMPTS} prompts per request."
         )
-    raise invalid_request(
-        "prompt",
-        "Invalid type for 'prompt': expected a string or an array of one string.",
-        code="invalid_type",
-    )
+    return prompts
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:
@@ -100,15 +157,37 @@ def _logprobs(body: dict[str, Any]) -> int | None:
     return value
 
 
+def _echo(body: dict[str, Any], prompts: list[Prompt], logprobs: int | None) -> bool:
+    """Whether each choice's text begins with its prompt: only a text prompt's, and not with
+    `logprobs` (that would ask for the prompt's own logprobs, which the workers do not give)."""
+    echo = body.get("echo")
+    if echo is None or echo is False:
+        return False
+    if echo is not True:
+        raise invalid_request(
+            "echo", "Invalid type for 'echo': expected a boolean.", "invalid_type"
+        )
+    if logprobs is not None:
+        raise invalid_request(
+            "echo",
+            "'echo' with 'logprobs' is not supported by sluicegate: the prompt's own logprobs "
+            "are not available.",
+            code="unsupported_parameter",
+        )
+    if not all(isinstance(p, str) for p in prompts):
+        raise invalid_request(
+            "echo",
+            "'echo' is supported for text prompts only, not token ids.",
+            code="unsupported_parameter",
+        )
+    return True
+
+
 def _refused(body: dict[str, Any], n: int) -> None:
     """The legacy fields this gateway does not honour: each a 400 naming it."""
     if body.get("suffix") not in (None, ""):
         raise invalid_request(
             "suffix", "'suffix' is not supported by sluicegate.", code="unsupported_parameter"
-        )
-    if body.get("echo") not in (None, False):
-        raise invalid_request(
-            "echo", "'echo' is not supported by sluicegate.", code="unsupported_parameter"
         )
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int)):
@@ -123,14 +202,14 @@ def _refused(body: dict[str, Any], n: int) -> None:
         )
 
 
-def parse_completion_request(body: Any) -> tuple[ChatRequest, CompletionParams]:
+def parse_completion_request(body: Any) -> CompletionCall:
     """Validate a decoded legacy Completions body; raise `APIError` naming the first bad field."""
     if not isinstance(body, dict):
         raise invalid_request(None, "The request body must be a JSON object.", code="invalid_type")
-    prompt = _prompt(body)
+    prompts = _prompts(body)
     logprobs = _logprobs(body)
     chat_body = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
-    chat_body["messages"] = [{"role": "user", "content": prompt}]  # parsed, then replaced
+    chat_body["messages"] = [{"role": "user", "content": "-"}]  # parsed, then replaced
     chat_body["logprobs"] = logprobs is not None
     if logprobs:
         chat_body["top_logprobs"] = logprobs
@@ -138,6 +217,7 @@ def parse_completion_request(body: Any) -> tuple[ChatRequest, CompletionParams]:
         chat_body["max_tokens"] = DEFAULT_MAX_TOKENS
     chat = parse_chat_request(chat_body)
     _refused(body, chat.n)
+    echo = _echo(body, prompts, logprobs)
     chat.messages = []
-    chat.prompt = prompt
-    return chat, CompletionParams(chat.n, chat.include_usage)
+    chat.prompt = prompts[0]
+    return CompletionCall(chat, prompts, chat.include_usage, echo)

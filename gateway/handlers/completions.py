@@ -1,22 +1,26 @@
-"""The legacy Completions routes: `POST /v1/completions` and its run's retrieve, resume, cancel.
+"""The legacy Completions routes: `POST /v1/completions` and its runs' retrieve, resume, cancel.
 
-A legacy completion is a run opened through the same RunLife as a chat completion (idempotency
-keys, quotas, deadlines, the safety window, the pool, cancel on disconnect, the ledger); only
-its prompt is raw text (`ChatRequest.prompt`) and its answer is told in the `text_completion`
-shape by gateway/completions/render.py. The run record's meta says so, so that a resume or a
-retrieve by its id answers in the same shape.
+Each prompt of a legacy completion is a run opened through the same RunLife as a chat
+completion (idempotency keys, quotas, deadlines, the safety window, the pool, cancel on
+disconnect, the ledger; gateway/completions/opening.py); only its prompt is raw text or token
+ids (`ChatRequest.prompt`) and its answer is told in the `text_completion` shape by
+gateway/completions/render.py. The run record's meta says so, so that a resume or a retrieve by
+its id answers in the same shape. One prompt answers from its run, as a chat completion does;
+several are merged (gateway/completions/merged.py, merged_stream.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway.app_keys import DRAIN, METRICS, PRINCIPAL, RUNS, TENANT
+from gateway.completions.merged import merged_result
+from gateway.completions.merged_stream import stream_merged
+from gateway.completions.opening import PromptRun, call_headers, open_runs
 from gateway.completions.render import CompletionRenderer, completion_object, replayed_chunks
 from gateway.completions.request import META, CompletionParams, parse_completion_request
 from gateway.handlers.answers import following
@@ -26,7 +30,7 @@ from gateway.http.errors import APIError, invalid_request, resume_window_expired
 from gateway.http.follow_access import HEADER, accepts_follow_token, follow_token
 from gateway.http.sse import SSEWriter
 from gateway.runs.follow import stream_log
-from gateway.runs.life import RUN_ID_HEADER, RunLife
+from gateway.runs.life import RUN_ID_HEADER
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from gateway.state.run_store import (
     LogEvents,
@@ -35,10 +39,6 @@ from gateway.state.run_store import (
     TerminalRecord,
     UnknownRun,
 )
-
-# NOTE: kept in the body an Idempotency-Key's fingerprint is taken of, so that a key first used
-# for a chat completion with the same fields is a conflict here, not a replay in the wrong shape
-_ENDPOINT = {"__endpoint": "completions"}
 
 
 def _json(body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -53,7 +53,7 @@ class CompletionFrames:
     wants_ending = False
 
     def __init__(self, params: CompletionParams, after: int) -> None:
-        self._renderer = CompletionRenderer(params.n)
+        self._renderer = CompletionRenderer(params, echo=after == 0)
         self.start = after
 
     def first(self, events: LogEvents) -> LogEvents:
@@ -76,40 +76,50 @@ def _params(record: RunRecord) -> CompletionParams:
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
-    """`POST /v1/completions`: stream the run, or wait for its `text_completion` object."""
+    """`POST /v1/completions`: stream the runs, or wait for their `text_completion` object."""
     request.app[DRAIN].refuse_new_runs()  # shutting down: retry on another replica
     body = await read_json(request)
-    chat, params = parse_completion_request(body)
-    cap = request[TENANT].limits.max_tokens
-    if body.get("max_tokens") is None and cap is not None:  # the legacy default within the cap
-        chat.max_tokens = min(chat.max_tokens or cap, cap)
-    run_id = f"cmpl-{uuid.uuid4().hex}"
-    meta = {META: params.to_meta()}
-    life = RunLife(request, chat, body | _ENDPOINT, run_id=run_id, meta=meta)
-    opened = await life.open()
-    headers = opened.headers
-    headers[RUN_ID_HEADER] = opened.run_id
-    if opened.ending is not None:  # its Idempotency-Key's run is no longer kept
-        return await _respond_with_ending(request, opened.ending, chat.stream, params, headers)
-    headers[HEADER] = follow_token(request, opened.run_id, life.tenant.name)
-    runs = request.app[RUNS]
-    if chat.stream:
-        record = await runs.get(opened.run_id)
-        frames = CompletionFrames(params, 0)
-        return await stream_log(request, record, frames, headers)
+    call = parse_completion_request(body)
+    runs = await open_runs(request, call, body)
+    headers = call_headers(runs)
+    headers[RUN_ID_HEADER] = runs[0].run_id
+    if len(runs) == 1:
+        return await _single(request, runs[0], call.chat.stream, headers)
     try:
-        async with following(runs, opened.run_id):
-            terminal = await runs.result(opened.run_id)
+        if call.chat.stream:
+            return await stream_merged(request, runs, call.include_usage, headers)
+        return _json(await merged_result(request, runs), headers)
+    except APIError as error:  # a run's error, answered with the call's run ids
+        error.headers.update(headers)
+        raise
+
+
+async def _single(
+    request: web.Request, run: PromptRun, stream: bool, headers: dict[str, str]
+) -> web.StreamResponse:
+    """One prompt's answer, straight from its run (resumable under the run's event ids)."""
+    if run.ending is not None:  # its Idempotency-Key's run is no longer kept
+        return await _respond_with_ending(request, run.ending, stream, run.params, headers)
+    headers[HEADER] = follow_token(request, run.run_id, request[TENANT].name)
+    runs = request.app[RUNS]
+    if stream:
+        record = await runs.get(run.run_id)
+        return await stream_log(request, record, CompletionFrames(run.params, 0), headers)
+    try:
+        async with following(runs, run.run_id):
+            terminal = await runs.result(run.run_id)
     except asyncio.CancelledError:
         request.app[METRICS].disconnects.inc()
         raise
-    return _ended(terminal, headers)
+    return _ended(terminal, run.params, headers)
 
 
-def _ended(terminal: TerminalRecord, headers: dict[str, str]) -> web.Response:
+def _ended(
+    terminal: TerminalRecord, params: CompletionParams, headers: dict[str, str]
+) -> web.Response:
     """The object of a run that ended so, or its error."""
     if terminal.status is RunStatus.COMPLETED and terminal.completion is not None:
-        return _json(completion_object(terminal.completion), headers)
+        return _json(completion_object(terminal.completion, params), headers)
     error = terminal_error(terminal)
     error.headers.update(headers)
     raise error
@@ -126,8 +136,8 @@ async def _respond_with_ending(
     stream rebuilt from it."""
     completed = terminal.status is RunStatus.COMPLETED and terminal.completion is not None
     if terminal.refused or not stream or not completed:
-        return _ended(terminal, headers)
-    payloads = replayed_chunks(terminal.completion, params.n, params.include_usage)
+        return _ended(terminal, params, headers)
+    payloads = replayed_chunks(terminal.completion, params)
     if terminal.error is not None:
         payloads.append(orjson.dumps({"error": terminal.error}))
     events = [(seq, payload, None, 0) for seq, payload in enumerate(payloads, 1)]
@@ -156,7 +166,7 @@ def completion_run_object(record: RunRecord) -> dict[str, Any]:
     """The `text_completion` object of a run with its `status`; the final one once it ended."""
     terminal = record.terminal
     if terminal is not None and terminal.completion is not None:
-        body = completion_object(terminal.completion)
+        body = completion_object(terminal.completion, _params(record))
     else:
         body = {
             "id": record.run_id,

@@ -8,6 +8,7 @@ from importlib import metadata
 import orjson
 from aiohttp import web
 
+from gateway.openapi.admin import with_admin
 from gateway.openapi.anthropic import with_anthropic
 from gateway.openapi.completions import with_completions
 from gateway.openapi.document import openapi_document
@@ -22,7 +23,7 @@ def _document() -> bytes:
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
         version = "0+unknown"
     document = with_completions(with_responses(openapi_document(version)))
-    return orjson.dumps(with_embeddings(with_anthropic(document)))
+    return orjson.dumps(with_admin(with_embeddings(with_anthropic(document))))
 
 
 async def openapi_json(request: web.Request) -> web.Response:

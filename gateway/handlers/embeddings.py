@@ -1,36 +1,35 @@
-"""`POST /v1/embeddings`: OpenAI's Embeddings API, answered by the model's own backend.
+"""`POST /v1/embeddings`: OpenAI's Embeddings API, answered by the model's own backend, or by
+a model alias's targets in turn (gateway/embeddings/routing.py).
 
 An embedding is no run (nothing streams, nothing to resume or cancel but the call): the route
 checks the caller as a chat completion is checked (auth by the middleware, the tenant's model
 allow-list), reserves the inputs' estimated tokens against the tenant's quotas with the same
 admission as a run (rpm, tpm, concurrency, budget; released with the tokens the backend
-counted), asks the backend's `embed`, and writes one usage record to the ledger.
+counted), asks the backend's `embed`, and writes one usage record to the ledger however the
+call ends once it was admitted: `completed` with its input tokens, `failed` (a backend's
+refusal or failure) or `cancelled` (`disconnect`: the client went away) with 0 tokens.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from typing import Any
 
 import orjson
 from aiohttp import web
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
-from gateway.app_keys import CATALOG, DRAIN, HEALTH, LEDGER, MODEL_LABEL, PRINCIPAL, QUOTAS, TENANT
+from gateway.app_keys import DRAIN, LEDGER, METRICS, PRICES, PRINCIPAL, QUOTAS, TENANT
 from gateway.embeddings.render import embeddings_object
 from gateway.embeddings.request import EmbeddingsRequest, parse_embeddings_request
+from gateway.embeddings.routing import EmbedPlan, embed_plan
 from gateway.handlers.chat import read_json
-from gateway.http.errors import (
-    APIError,
-    invalid_request,
-    model_not_found,
-    overloaded,
-    upstream_failed,
-)
+from gateway.http.errors import APIError, overloaded, upstream_failed
+from gateway.prices import cost_of
 from gateway.runs.admission import quota_limits, refused
 from gateway.state.ledger import UsageRecord
-from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
+from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest, nanos
 from policies.quotas import estimate_prompt_tokens as estimate
 from policies.tenants import Tenant
 from wire.embed_body import Embeddings
@@ -41,58 +40,61 @@ async def create_embeddings(request: web.Request) -> web.Response:
     request.app[DRAIN].refuse_new_runs()  # shutting down: retry on another replica
     asked = parse_embeddings_request(await read_json(request))
     tenant = request[TENANT]
-    embed = _embedder(request, tenant, asked.model)
+    plan = embed_plan(request, tenant, asked.model, asked.inputs[0])
     call_id = f"emb-{uuid.uuid4().hex}"
     admission = await _reserve(request.app, tenant, asked, call_id)
-    started, used = time.monotonic(), 0
+    ledger = _Ledger(request, call_id, asked.model)
+    used, model = 0, asked.model
     try:
-        answer = await _embeddings(embed, asked, call_id)
+        model, answer = await _embeddings(plan, asked, call_id)
         used = answer.prompt_tokens
+    except asyncio.CancelledError:
+        await asyncio.shield(ledger.write("cancelled", 0, "disconnect"))
+        raise
+    except APIError:
+        await asyncio.shield(ledger.write("failed", 0))
+        raise
     finally:
         if admission is not None:
-            await request.app[QUOTAS].release(admission, used)
-    record = UsageRecord(
-        run_id=call_id,
-        tenant=tenant.name,
-        principal=request[PRINCIPAL].label,
-        model=asked.model,
-        status="completed",
-        finish_reason=None,
-        cancel_source=None,
-        prompt_tokens=used,
-        generated_tokens=0,
-        sent_tokens=0,
-        tail_tokens=0,
-        ttft_s=None,
-        e2e_s=time.monotonic() - started,
-        ended_at=time.time(),
-    )
-    await request.app[LEDGER].append(record)
-    body = embeddings_object(answer, asked.model, asked.encoding_format)
+            cost = nanos(cost_of(request.app[PRICES], model, used, 0) or 0)
+            await asyncio.shield(request.app[QUOTAS].release(admission, used, cost))
+    ledger.model = model
+    await ledger.write("completed", used)
+    body = embeddings_object(answer, model, asked.encoding_format)
     headers = admission.headers if admission is not None else None
     return web.Response(body=orjson.dumps(body), content_type="application/json", headers=headers)
 
 
-def _embedder(request: web.Request, tenant: Tenant, model: str) -> Any:
-    """The backend's `embed` for `model`, after the tenant's and the backend's checks."""
-    adapter = request.app[CATALOG].lookup(model)
-    if adapter is None:
-        request[MODEL_LABEL] = "unknown"
-        raise model_not_found(model)
-    request[MODEL_LABEL] = model
-    if not tenant.allows_model(model):
-        raise APIError(
-            403,
-            f"Your key has no access to model '{model}'.",
-            param="model",
-            code="model_not_allowed",
+class _Ledger:
+    """The call's one usage record, as a run's is written (0 generated tokens)."""
+
+    def __init__(self, request: web.Request, call_id: str, model: str) -> None:
+        self.request, self.call_id, self.model = request, call_id, model
+        self.started = time.monotonic()
+
+    async def write(self, status: str, tokens: int, cancel_source: str | None = None) -> None:
+        app, tenant = self.request.app, self.request[TENANT].name
+        cost = cost_of(app[PRICES], self.model, tokens, 0)
+        if cost:
+            app[METRICS].tenant_cost.labels(tenant).inc(cost)
+        record = UsageRecord(
+            run_id=self.call_id,
+            tenant=tenant,
+            principal=self.request[PRINCIPAL].label,
+            model=self.model,
+            status=status,
+            finish_reason=None,
+            cancel_source=cancel_source,
+            prompt_tokens=tokens,
+            generated_tokens=0,
+            sent_tokens=0,
+            tail_tokens=0,
+            ttft_s=None,
+            e2e_s=time.monotonic() - self.started,
+            ended_at=time.time(),
+            cost=cost,
         )
-    embed = getattr(adapter, "embed", None)
-    if embed is None:  # a model alias, or a backend with no embeddings
-        raise invalid_request("model", f"Model '{model}' does not serve embeddings.")
-    if not request.app[HEALTH].ready(adapter):
-        raise overloaded(f"No backend for model '{model}' is ready; retry shortly.")
-    return embed
+        await app[LEDGER].append(record)
 
 
 async def _reserve(
@@ -109,10 +111,13 @@ async def _reserve(
         raise refused(app, exc) from None
 
 
-async def _embeddings(embed: Any, asked: EmbeddingsRequest, call_id: str) -> Embeddings:
-    """The backend's answer; its errors as the client's (never the backend's own text)."""
+async def _embeddings(
+    plan: EmbedPlan, asked: EmbeddingsRequest, call_id: str
+) -> tuple[str, Embeddings]:
+    """The model that served and its answer; its errors as the client's (never the backend's
+    own text)."""
     try:
-        return await embed(asked.inputs, asked.dimensions, call_id)
+        return await plan.embed(asked.inputs, asked.dimensions, call_id)
     except BackendRejected as exc:
         raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
     except BackendUnavailable as exc:

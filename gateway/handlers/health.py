@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from gateway.app_keys import CATALOG, DRAIN, HEALTH, METRICS, REDIS
 
@@ -77,5 +78,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
+    """Prometheus text; OpenMetrics (with the histograms' trace exemplars) when the scraper's
+    Accept asks for it, as Prometheus does with exemplar storage on."""
+    registry = request.app[METRICS].registry
+    if "application/openmetrics-text" in request.headers.get("Accept", ""):
+        body = openmetrics.generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
+    body = generate_latest(registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -15,20 +15,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.anthropic.count import COUNT_SOURCE_HEADER, count_prompt
 from gateway.anthropic.render import message_object
-from gateway.anthropic.request import (
-    COUNT_SOURCE_HEADER,
-    chat_body,
-    messages_request,
-    renamed,
-)
+from gateway.anthropic.request import chat_body, messages_request, renamed
 from gateway.anthropic.stream import stream_message
-from gateway.app_keys import CATALOG, DRAIN, METRICS, MODEL_LABEL, RUNS, TENANT
+from gateway.app_keys import CATALOG, DRAIN, HEALTH, METRICS, MODEL_LABEL, RUNS, TENANT
 from gateway.handlers.answers import following
 from gateway.handlers.chat import read_json
 from gateway.http.errors import APIError, invalid_request, model_not_found, terminal_error
 from gateway.protocol import parse_chat_request
-from gateway.runs.admission import prompt_estimate
 from gateway.runs.life import RUN_ID_HEADER, RunLife
 from gateway.runs.replays import idempotent_run_gone
 from gateway.runs.status import RunStatus
@@ -75,8 +70,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    """`POST /v1/messages/count_tokens`: the prompt's tokens as the gateway estimates them
-    for quotas (no backend here counts with its tokenizer yet; the header says which)."""
+    """`POST /v1/messages/count_tokens`: the prompt's tokens as the model's backend counts
+    them, else as the gateway estimates them; the header says which
+    (gateway/anthropic/count.py)."""
     body = await read_json(request)
     if isinstance(body, dict):
         extra = next((name for name in body if name not in COUNT_FIELDS), None)
@@ -88,11 +84,16 @@ async def count_tokens(request: web.Request) -> web.Response:
         chat = parse_chat_request(chat_body(body))
     except APIError as exc:
         raise renamed(exc) from None
-    if request.app[CATALOG].lookup(chat.model) is None:
+    adapter = request.app[CATALOG].lookup(chat.model)
+    if adapter is None:
         request[MODEL_LABEL] = "unknown"
         raise model_not_found(chat.model)
     request[MODEL_LABEL] = chat.model
     if not request[TENANT].allows_model(chat.model):
         raise APIError(403, f"Your key has no access to model '{chat.model}'.", param="model")
-    headers = {COUNT_SOURCE_HEADER: "estimate"}
-    return _json({"input_tokens": prompt_estimate(chat)}, headers)
+    try:
+        counted = await count_prompt(adapter, chat, request.app[HEALTH].ready(adapter))
+    except APIError as exc:
+        raise renamed(exc) from None
+    headers = {COUNT_SOURCE_HEADER: counted.source}
+    return _json({"input_tokens": counted.input_tokens}, headers)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.anthropic.count import COUNT_SOURCE_HEADER
 from gateway.anthropic.errors import OVERLOADED, error_body
-from gateway.anthropic.request import COUNT_SOURCE_HEADER, REFUSED
+from gateway.anthropic.request import REFUSED
 from gateway.openapi.document import IDEMPOTENCY_PARAM, JSON, SSE, _answer
 from gateway.openapi.schemas import _object, _parameters, bounded, ref
 from gateway.protocol import MAX_INT64
@@ -219,9 +220,11 @@ def _paths() -> dict[str, Any]:
     }
     source = {
         COUNT_SOURCE_HEADER: {
-            "description": "`estimate`: the gateway's own count (high by design); "
-            "`tokenizer`: the model's tokenizer counted it.",
-            "schema": {"enum": ["estimate", "tokenizer"]},
+            "description": "Who counted: `worker`, a sluice worker with the model's own "
+            "tokenizer and chat template (equal to a create's `input_tokens`); `upstream`, an "
+            "OpenAI-compatible upstream's own `/tokenize`; `estimate`, the gateway's own "
+            "count (high by design) where the backend cannot count.",
+            "schema": {"enum": ["worker", "upstream", "estimate"]},
         }
     }
     count = {

@@ -1,13 +1,15 @@
 """The legacy Completions API's part of the OpenAPI document (gateway/openapi/document.py): its
 routes and schemas, as gateway/completions/request.py checks a request (the chat's ranges for
-the shared fields; `prompt` one string; `echo`, `suffix`, `best_of` only when neutral) and as
-gateway/handlers/completions.py answers."""
+the shared fields; `prompt` text, token ids or lists of either; `echo` of text without
+`logprobs`; `suffix` and `best_of` only when neutral) and as gateway/handlers/completions.py
+answers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.completions.request import MAX_LOGPROBS
+from gateway.completions.opening import RUN_IDS_HEADER
+from gateway.completions.request import MAX_LOGPROBS, MAX_PROMPTS, MAX_TOKEN_ID
 from gateway.openapi.document import (
     _RUN_ID,
     FOLLOW_TOKEN_HEADER,
@@ -25,26 +27,50 @@ from wire.share import TIERS
 
 STREAM_TEXT = (
     "Server-sent events: `id: <seq>` and `data: <text_completion chunk>` frames (the event ids "
-    "of the run's log, as for a chat completion), `: ping` comments while idle, an `error` "
-    "object if the run fails, then `data: [DONE]`."
+    "of the run's log, as for a chat completion; with several prompts, the merged stream's own "
+    "frame numbers), `: ping` comments while idle, an `error` object if a run fails, then "
+    "`data: [DONE]`."
 )
+RUN_IDS = {
+    RUN_IDS_HEADER: {
+        "description": "Every run of the call (one per prompt), in the prompts' order.",
+        "schema": {"type": "string"},
+    }
+}
+
+
+def _prompts() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(any prompt the parser takes, a text prompt's: what `echo` needs)."""
+    text = {"type": "string", "minLength": 1}
+    token_id = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}
+    ids = {"type": "array", "minItems": 1, "items": token_id}
+    texts = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": text}
+    id_lists = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": ids}
+    any_prompt = {
+        "anyOf": [text, texts, ids, id_lists],
+        "description": "Text, token ids, or a list of either: each prompt is a run of its own; "
+        "token ids at or above the model's vocabulary are a 400 naming `prompt`.",
+    }
+    return any_prompt, {"anyOf": [text, texts]}
 
 
 def _request() -> dict[str, Any]:
-    prompt = {"type": "string", "minLength": 1}
+    any_prompt, text_prompt = _prompts()
     stop_string = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+    echo = {  # echo needs a text prompt, and no logprobs (the prompt's own are not available)
+        "if": {"required": ["echo"], "properties": {"echo": {"const": True}}},
+        "then": {"properties": {"prompt": text_prompt, "logprobs": {"type": "null"}}},
+    }
     return {
         "type": "object",
         "required": ["model", "prompt"],
-        "description": "OpenAI's legacy Completions request; unknown fields are ignored. One "
-        "prompt per request, as text (token ids and several prompts are a 400 naming "
-        "`prompt`); `echo`, `suffix` and `best_of` other than `n` are a 400 naming them.",
-        "allOf": [_needs("stream_options", {"type": "object"}, "stream")],
+        "description": "OpenAI's legacy Completions request; unknown fields are ignored. "
+        "`echo` with token ids or with `logprobs`, `suffix`, and `best_of` other than `n` are "
+        "a 400 naming them.",
+        "allOf": [_needs("stream_options", {"type": "object"}, "stream"), echo],
         "properties": {
             "model": {"type": "string", "minLength": 1},
-            "prompt": {
-                "anyOf": [prompt, {"type": "array", "minItems": 1, "maxItems": 1, "items": prompt}]
-            },
+            "prompt": any_prompt,
             "stream": _nullable("boolean"),
             "stream_options": {
                 "type": ["object", "null"],
@@ -71,7 +97,10 @@ def _request() -> dict[str, Any]:
             },
             "presence_penalty": bounded("presence_penalty"),
             "frequency_penalty": bounded("frequency_penalty"),
-            "echo": {"enum": [False, None]},
+            "echo": {
+                "type": ["boolean", "null"],
+                "description": "Each choice's text begins with its prompt.",
+            },
             "suffix": {"enum": [None, ""]},
             "best_of": {
                 "type": "null",
@@ -123,7 +152,7 @@ def _paths() -> dict[str, Any]:
             "content": {JSON: {"schema": ref("CompletionRequest")}},
         },
         "responses": {
-            "200": _answer("The completion.", either, FOLLOW_TOKEN_HEADER),
+            "200": _answer("The completion.", either, {**FOLLOW_TOKEN_HEADER, **RUN_IDS}),
             **_errors(400, 401, 403, 404, 408, 413, 415, 422, 429, 499, 502, 503, 504),
         },
     }

@@ -63,7 +63,8 @@ def with_embeddings(document: dict[str, Any]) -> dict[str, Any]:
     create = {
         "operationId": "createEmbeddings",
         "summary": "Unit vectors of the inputs: the model's final hidden state, mean-pooled "
-        "(own workers), or an OpenAI-compatible upstream's own embeddings.",
+        "(own workers), or an OpenAI-compatible upstream's own embeddings; a model alias's "
+        "targets are asked in turn (`x-sluice-route` says which served, `model` names it).",
         "requestBody": {
             "required": True,
             "content": {JSON: {"schema": ref("EmbeddingsRequest")}},

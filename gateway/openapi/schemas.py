@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.model_endpoints import ENDPOINTS
 from gateway.protocol import BOUNDS, RESPONSE_FORMATS, SERVICE_TIERS, TOOL_CHOICES
 from wire.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS, ROLES
 from wire.share import TIERS
@@ -208,6 +209,12 @@ def _chat_completion() -> dict[str, Any]:
                 "enum": ["stop", "length", "content_filter", "tool_calls", None],
                 "description": "null for a choice that never finished (its run ended early).",
             },
+            "stop_reason": {
+                "type": "string",
+                "description": "The request's stop string that ended the choice (vLLM's "
+                "field); present only where the backend said which one matched. Its final "
+                "chunk in a stream carries it too.",
+            },
             "logprobs": {"type": ["object", "null"]},
         },
     }
@@ -255,6 +262,11 @@ def _wire_schemas() -> dict[str, Any]:
         created={"type": "integer"},
         owned_by={"type": "string"},
         max_model_len={"type": "integer"},
+        endpoints={
+            "type": "array",
+            "items": {"type": "string", "enum": list(ENDPOINTS)},
+            "description": "The routes that serve this model (a sluicegate extension).",
+        },
     )
     models = _object(
         ["object", "data"], object={"const": "list"}, data={"type": "array", "items": ref("Model")}

@@ -1,6 +1,7 @@
 """End to end through the official `anthropic` client, unchanged, against `sluice serve` and its
 own worker on the tiny model: create (stream and not), a tool-use round trip with the worker's
-own tool-call parsing and schema check, count_tokens, and a dropped stream cancelling its run."""
+own tool-call parsing and schema check, stop sequences named, message_start's input tokens,
+count_tokens by the worker's own tokenizer, and a dropped stream cancelling its run."""
 
 from __future__ import annotations
 
@@ -81,9 +82,65 @@ def test_tool_use_round_trip(claude, model):
     assert answer.usage.input_tokens > alone.usage.input_tokens + 5
 
 
-def test_count_tokens(claude, model):
-    count = claude.messages.count_tokens(model=model, messages=PROMPT)
-    assert count.input_tokens > 5
+def test_count_tokens_is_the_workers_count_of_what_a_create_takes(claude, model, greedy):
+    raw = claude.messages.with_raw_response.count_tokens(model=model, messages=PROMPT)
+    assert raw.headers["x-sluice-token-count"] == "worker"
+    assert raw.parse().input_tokens == greedy.usage.input_tokens
+    options = {"system": "Be brief.", "tools": [TOOL], "tool_choice": {"type": "auto"}}
+    counted = claude.messages.count_tokens(model=model, messages=PROMPT, **options)
+    created = claude.messages.create(model=model, max_tokens=1, messages=PROMPT, **options)
+    assert counted.input_tokens == created.usage.input_tokens > greedy.usage.input_tokens
+
+
+@pytest.fixture(scope="module")
+def stop(greedy) -> str:
+    """A piece of the greedy text, well inside it: a run asked to stop there ends on it."""
+    text = greedy.content[0].text
+    piece = text[len(text) // 3 : len(text) // 3 + 3]
+    assert piece.strip()
+    return piece
+
+
+def test_a_matched_stop_sequence_is_named(claude, model, greedy, stop):
+    message = claude.messages.create(
+        model=model,
+        max_tokens=24,
+        extra_body=GREEDY,
+        messages=PROMPT,
+        stop_sequences=["\u0000never", stop],
+    )
+    text = greedy.content[0].text
+    assert message.content[0].text == text[: text.find(stop)]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+
+
+def test_the_stream_names_the_stop_sequence_and_starts_with_the_input_tokens(
+    claude, model, greedy, stop
+):
+    with claude.messages.stream(
+        model=model, max_tokens=24, extra_body=GREEDY, messages=PROMPT, stop_sequences=[stop]
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    [delta] = [e for e in events if e.type == "message_delta"]
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == ("stop_sequence", stop)
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    assert events[0].type == "message_start"
+    assert events[0].message.usage.input_tokens == final.usage.input_tokens
+    assert final.usage.input_tokens == greedy.usage.input_tokens
+
+
+def test_the_chat_api_names_the_stop_string_as_vllm_does(served, model, stop):
+    body = {
+        "model": model,
+        "messages": PROMPT,
+        "max_tokens": 24,
+        "temperature": 0,
+        "stop": [stop],
+    }
+    answer = httpx.post(f"{served.base_url}/chat/completions", json=body, headers=served.auth)
+    choice = answer.json()["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop)
 
 
 def test_a_dropped_stream_cancels_its_run(claude, model, served):

@@ -13,13 +13,15 @@ import json
 import anthropic
 import pytest
 import tomlkit
+from aiohttp import web
 
-from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
+from adapters.events import Accepted, Finish, TextDelta, ToolCallDelta, Usage
 from adapters.requests import ChatRequest
 from gateway.app_keys import RUNS
 from gateway.runs.status import RunStatus
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 from testkit.scripted_adapter import ScriptedAdapter
+from testkit.scripted_upstream import sse
 from tests.support.gateway import API_KEY, gateway_app
 from tests.support.waiting import until
 
@@ -166,7 +168,7 @@ async def test_streamed_tool_use_arrives_whole(base_url):
     assert final.stop_reason == "tool_use"
 
 
-async def test_count_tokens_is_the_gateways_estimate(base_url):
+async def test_count_tokens_of_a_backend_that_cannot_count_is_the_gateways_estimate(base_url):
     client = sdk(base_url)
     raw = await client.messages.with_raw_response.count_tokens(model="claude-ish", messages=HI)
     assert raw.headers["x-sluice-token-count"] == "estimate"
@@ -279,3 +281,169 @@ async def test_the_stream_on_the_wire(aiohttp_client):
     assert frames[-1] == b""  # no `[DONE]`
     names = [f.split(b"\n")[-2] for f in frames[:-1]]
     assert all(name.startswith(b"event: ") for name in names)
+
+
+# -- stop sequences, message_start's usage, and who counts ----------------------------------
+
+STOP = "\n\nHuman:"
+
+
+def stopping(request: ChatRequest) -> list:
+    """A backend that counts the prompt on accepting the run and names the stop string."""
+    return [
+        Accepted(prompt_tokens=11),
+        TextDelta("Once upon"),
+        Finish("stop", 0, STOP),
+        Usage(11, 3),
+    ]
+
+
+async def test_a_matched_stop_sequence_is_reported_stream_and_not(aiohttp_client):
+    client = await aiohttp_client(gateway_app([ScriptedAdapter("stops", stopping)]))
+    api = sdk(str(client.make_url("")).rstrip("/"))
+    options = {"model": "stops", "max_tokens": 64, "messages": HI, "stop_sequences": [STOP]}
+    message = await api.messages.create(**options)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", STOP)
+    async with api.messages.stream(**options) as stream:
+        events = [event async for event in stream]
+        final = await stream.get_final_message()
+    [delta] = [e for e in events if e.type == "message_delta"]
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == ("stop_sequence", STOP)
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", STOP)
+    assert events[0].message.usage.input_tokens == 11 == final.usage.input_tokens
+
+
+async def test_message_start_has_the_estimate_where_the_backend_counts_only_at_the_end(base_url):
+    stream = await sdk(base_url).messages.create(
+        model="claude-ish", max_tokens=8, messages=HI, stream=True
+    )
+    events = [event async for event in stream]
+    assert events[0].message.usage.input_tokens == 3 + 1 + 4  # the estimate, as counted below
+    assert events[-2].usage.input_tokens == 5  # the backend's own count, at the end
+
+
+def finishing(delta: dict, finish: str | None = None, **extra) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
+    return sse(
+        {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [choice],
+        }
+    )
+
+
+async def test_an_upstreams_stop_reason_is_the_stop_sequence(aiohttp_client, upstream):
+    state, url = upstream
+    usage = {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+    state.scripts["vllmish"] = [
+        finishing({"role": "assistant", "content": ""}),
+        finishing({"content": "Once upon"}),
+        finishing({}, "stop", stop_reason=STOP),
+        sse(
+            {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "m",
+                "choices": [],
+                "usage": usage,
+            }
+        ),
+        b"data: [DONE]\n\n",
+    ]
+    client = await aiohttp_client(gateway_app(upstream=[f"vllmish={url}"]))
+    api = sdk(str(client.make_url("")).rstrip("/"))
+    options = {"model": "vllmish", "max_tokens": 8, "messages": HI, "stop_sequences": [STOP]}
+    async with api.messages.stream(**options) as stream:
+        final = await stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", STOP)
+    assert final.usage.input_tokens == 6
+    assert state.records[-1].body["stop"] == [STOP]
+
+
+@pytest.fixture
+async def tokenizer(aiohttp_server):
+    """An OpenAI-compatible server's `/tokenize` (vLLM's), answering `status`; what it was
+    asked, in order."""
+    asked: list[dict] = []
+    status = {"code": 200}
+
+    async def tokenize(request: web.Request) -> web.Response:
+        asked.append(await request.json())
+        if status["code"] != 200:
+            return web.json_response({"detail": "Not Found"}, status=status["code"])
+        return web.json_response({"count": 42, "max_model_len": 4096, "tokens": []})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "vllmish"}]})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_get("/v1/models", models)
+    server = await aiohttp_server(app)
+    return asked, status, f"http://127.0.0.1:{server.port}/v1"
+
+
+async def count_raw(client, model: str, **extra):
+    api = sdk(str(client.make_url("")).rstrip("/"))
+    raw = await api.messages.with_raw_response.count_tokens(model=model, messages=HI, **extra)
+    return raw.headers["x-sluice-token-count"], (await raw.parse()).input_tokens
+
+
+async def test_an_upstream_with_tokenize_counts_and_one_without_is_estimated(
+    aiohttp_client, tokenizer
+):
+    asked, status, url = tokenizer
+    client = await aiohttp_client(gateway_app(upstream=[f"vllmish={url}"]))
+    assert await count_raw(client, "vllmish", system="Be brief.") == ("upstream", 42)
+    assert asked[0] == {
+        "model": "vllmish",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    }
+    status["code"] = 404  # a server with no /tokenize: estimated, and not asked again
+    assert await count_raw(client, "vllmish") == ("estimate", 8)
+    assert await count_raw(client, "vllmish") == ("estimate", 8)
+    assert len(asked) == 2
+
+
+async def test_the_scripted_upstream_has_no_tokenize_so_its_count_is_an_estimate(
+    aiohttp_client, upstream
+):
+    _, url = upstream
+    client = await aiohttp_client(gateway_app(upstream=[f"scripted={url}"]))
+    assert await count_raw(client, "scripted") == ("estimate", 8)
+
+
+def late(request: ChatRequest) -> list:
+    """A backend that takes a while to accept the run (as one waiting for capacity would)."""
+    return [0.3, Accepted(prompt_tokens=11), TextDelta("Hi"), Finish("stop"), Usage(11, 1)]
+
+
+async def test_a_run_not_yet_accepted_gets_pings_then_message_start_with_its_count(
+    aiohttp_client,
+):
+    client = await aiohttp_client(gateway_app([ScriptedAdapter("late", late)], ping_interval=0.05))
+    body = {"model": "late", "max_tokens": 8, "messages": HI, "stream": True}
+    headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+    raw = await (await client.post("/v1/messages", json=body, headers=headers)).read()
+    before, start = raw.split(b"event: message_start\n", 1)
+    assert b": ping" in before and b"event:" not in before
+    assert b'"usage":{"input_tokens":11,"output_tokens":0}' in start.split(b"\n\n")[0]
+
+
+async def test_a_repeated_idempotency_key_replays_the_same_events(aiohttp_client):
+    client = await aiohttp_client(gateway_app([ScriptedAdapter("stops", stopping)]))
+    body = {"model": "stops", "max_tokens": 8, "messages": HI, "stream": True}
+    headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01", "Idempotency-Key": "k-1"}
+
+    async def events() -> list[bytes]:
+        raw = await (await client.post("/v1/messages", json=body, headers=headers)).read()
+        return [f[f.index(b"event: ") :] for f in raw.split(b"\n\n") if b"event: " in f]
+
+    first = await events()
+    assert first == await events()
+    assert any(b'"stop_sequence":"\\n\\nHuman:"' in frame for frame in first)
+    assert b'"input_tokens":11' in first[0]

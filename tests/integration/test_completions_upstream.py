@@ -66,3 +66,14 @@ async def test_an_unsupported_field_is_the_sdks_bad_request(client):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.completions.create(model="scripted", prompt="Hi", suffix="end")
     assert caught.value.body["param"] == "suffix"
+
+
+async def test_token_id_prompts_pass_through_each_its_own_request(client, upstream):
+    state, _ = upstream
+    completion = await client.completions.create(
+        model="scripted", prompt=[[1, 2, 3], [4, 5]], max_tokens=2
+    )
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert [c.text for c in completion.choices] == ["tok0 tok1 "] * 2
+    assert completion.usage.completion_tokens == 4
+    assert sorted(r.body["prompt"] for r in state.records) == [[1, 2, 3], [4, 5]]

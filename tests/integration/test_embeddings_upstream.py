@@ -1,7 +1,8 @@
 """`POST /v1/embeddings` through the real `openai` client, against a gateway in front of the
 scripted OpenAI-compatible server: the upstream's own `/embeddings` is proxied (floats asked of
-it, encoded here as the client asked), quotas count the inputs' tokens, the ledger records the
-call, and a backend without embeddings is a 400 naming `model`."""
+it, encoded here as the client asked), quotas count the inputs' tokens, the ledger records every
+call (a failed one too), a backend without embeddings is a 400 naming `model`, and a model
+alias's targets serve embeddings in turn."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 import tomlkit
 from openai import AsyncOpenAI
 
+from adapters.openai_upstream import OpenAIUpstreamAdapter
 from gateway.state.ledger import JsonlLedger
-from policies.tenants import create_key
+from policies.quotas import estimate_prompt_tokens
+from policies.tenants_file import create_key
 from testkit.scripted_adapter import ScriptedAdapter
 from testkit.scripted_upstream import EMBEDDING_SIZE, embedding_of
-from tests.support.gateway import API_KEY, gateway_app
+from tests.support.gateway import API_KEY, AUTH, gateway_app
 
 TEXTS = ["the cat sat on the mat", "a dog"]
 
@@ -86,3 +89,78 @@ async def test_the_tenants_rpm_counts_embeddings(upstream, aiohttp_client, tmp_p
     await api.embeddings.create(model="scripted", input="x")
     with pytest.raises(openai.RateLimitError):
         await api.embeddings.create(model="scripted", input="x")
+
+
+async def test_a_failed_call_leaves_a_failed_record_with_no_tokens(upstream, client, tmp_path):
+    state, _ = upstream
+    state.status_for["scripted"] = (500, {"error": {"message": "upstream detail"}})
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.embeddings.create(model="scripted", input=TEXTS)
+    assert "upstream detail" not in str(caught.value.body)
+    records = [r async for r in JsonlLedger(tmp_path / "usage.jsonl").read()]
+    assert [(r.status, r.prompt_tokens, r.generated_tokens) for r in records] == [("failed", 0, 0)]
+
+
+async def test_the_tenants_tpm_counts_the_input_tokens(upstream, aiohttp_client, tmp_path):
+    _, url = upstream
+    estimate = estimate_prompt_tokens([("user", t) for t in TEXTS])
+    counted = 8  # what the scripted upstream counts for TEXTS (a token per word)
+    path = tmp_path / "tenants.toml"
+    tenant = {"tpm": counted + estimate - 1}  # room for one call's estimate, not two calls
+    path.write_text(tomlkit.dumps({"tenants": {"acme": tenant}}), encoding="utf-8")
+    key, _ = create_key(path, "acme")
+    app = gateway_app(upstream=[f"scripted={url}"], tenants=str(path), api_key=[])
+    client = await aiohttp_client(app)
+    api = AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key=key, max_retries=0)
+    first = await api.embeddings.create(model="scripted", input=TEXTS)
+    assert first.usage.prompt_tokens == counted
+    with pytest.raises(openai.RateLimitError):  # the first call's 8 tokens stay counted
+        await api.embeddings.create(model="scripted", input=TEXTS)
+
+
+@pytest.fixture
+async def alias_client(upstream, aiohttp_client, tmp_path):
+    _, url = upstream
+    chat_only = ScriptedAdapter("chat-only", lambda request: [])
+    app = gateway_app(
+        [chat_only, *(OpenAIUpstreamAdapter(m, url) for m in ("first", "second"))],
+        models={
+            "embed": {"targets": ["first", "second"]},
+            "mixed": {"targets": ["chat-only", "second"]},
+        },
+        usage_file=str(tmp_path / "usage.jsonl"),
+    )
+    return await aiohttp_client(app)
+
+
+async def test_an_alias_serves_embeddings_from_its_first_target(alias_client, upstream):
+    resp = await alias_client.post(
+        "/v1/embeddings", json={"model": "embed", "input": "x"}, headers=AUTH
+    )
+    assert resp.status == 200
+    assert resp.headers["x-sluice-route"] == "first;served"
+    assert (await resp.json())["model"] == "first"
+
+
+@pytest.mark.parametrize(("status", "reason"), [(500, "failed"), (503, "unavailable")])
+async def test_an_alias_hands_a_failed_call_to_the_next_target(
+    alias_client, upstream, tmp_path, status, reason
+):
+    state, _ = upstream
+    state.status_for["first"] = (status, {"error": {"message": "down"}})
+    resp = await alias_client.post(
+        "/v1/embeddings", json={"model": "embed", "input": "x"}, headers=AUTH
+    )
+    assert resp.status == 200
+    assert resp.headers["x-sluice-route"] == f"first;skipped={reason}, second;served"
+    assert (await resp.json())["model"] == "second"
+    records = [r async for r in JsonlLedger(tmp_path / "usage.jsonl").read()]
+    assert [(r.model, r.status) for r in records] == [("second", "completed")]
+
+
+async def test_an_alias_passes_over_a_target_without_embeddings(alias_client):
+    resp = await alias_client.post(
+        "/v1/embeddings", json={"model": "mixed", "input": "x"}, headers=AUTH
+    )
+    assert resp.status == 200
+    assert resp.headers["x-sluice-route"] == "chat-only;skipped=unsupported, second;served"

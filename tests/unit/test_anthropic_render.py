@@ -7,11 +7,14 @@ import orjson
 import pydantic
 from anthropic.types import Message, RawMessageStreamEvent
 
-from adapters.events import ErrorEvent, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.events import Accepted, ErrorEvent, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.requests import ChatRequest
 from gateway.anthropic.render import MessageRenderer, message_object
-from gateway.anthropic.stream import AnthropicFraming, framed
+from gateway.anthropic.stream import AnthropicFraming, MessageFrames, framed
+from gateway.runs.pipeline import RunPipeline
 from gateway.runs.status import RunStatus
-from gateway.state.run_store import TerminalRecord
+from gateway.runs.tool_calls import tool_call_stage
+from gateway.state.run_store import RunRecord, TerminalRecord
 
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 
@@ -146,3 +149,86 @@ def test_message_object_from_the_final_completion():
         "stop_sequence": None,
         "usage": {"input_tokens": 7, "output_tokens": 3},
     }
+
+
+# -- through a run's log: what the pipeline writes, as a Messages stream reads it back ---------
+
+
+async def logged(events: list, *, usage_on_open: int | None = 9, stages=()) -> tuple:
+    """The log a Messages run's pipeline writes for `events`, and its terminal record."""
+    pipeline = RunPipeline("msg_1", "m", 1, 1, stages, usage_on_open=usage_on_open)
+    chunks, _ = await pipeline.feed(events)
+    held, _ = await pipeline.finish()
+    log = [(seq, *c) for seq, c in enumerate(chunks + held, 1)]
+    finish = next(e.reason for e in events if type(e) is Finish)
+    return log, completed(finish, pipeline.completion(1))
+
+
+def streamed(log: list, terminal: TerminalRecord, first: int = 0) -> list[dict]:
+    """A Messages stream of the log: its first read holding `first` events, then the rest."""
+    frames = MessageFrames(RunRecord("msg_1", "t", "m", 1.0))
+    out = frames.first(log[:first]) + frames.batch(log[first:], False) + frames.ending(terminal)
+    events = [orjson.loads(frame.split(b"data: ", 1)[1]) for _, frame, _, _ in out]
+    for event in events:
+        if event["type"] != "ping":
+            EVENT.validate_python(event)
+    return events
+
+
+STOPPED = [
+    Accepted(prompt_tokens=11),
+    TextDelta("Once upon"),
+    Finish("stop", stop_string=" a time"),
+    Usage(11, 3),
+]
+
+
+async def test_a_stop_sequence_is_named_in_the_stream_and_the_message():
+    log, terminal = await logged(STOPPED)
+    events = streamed(log, terminal)
+    delta = next(e for e in events if e["type"] == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": " a time"}
+    message = message_object("msg_1", terminal.completion_object())
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", " a time")
+
+
+async def test_a_stop_without_a_named_string_is_the_end_of_the_turn():
+    log, terminal = await logged([TextDelta("Hi"), Finish("stop"), Usage(4, 1)])
+    delta = next(e for e in streamed(log, terminal) if e["type"] == "message_delta")
+    assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+async def test_a_tool_call_stage_passes_a_finish_and_its_stop_string_as_they_came():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    stage = tool_call_stage(ChatRequest("m", [], tools=tools))
+    _, terminal = await logged(STOPPED, stages=[stage])
+    message = message_object("msg_1", terminal.completion_object())
+    assert message["stop_sequence"] == " a time"
+
+
+async def test_message_start_waits_for_the_runs_opening_and_carries_its_prompt_tokens():
+    log, terminal = await logged(STOPPED)
+    frames = MessageFrames(RunRecord("msg_1", "t", "m", 1.0))
+    assert frames.first([]) == []  # a queued run: only the writer's pings until it opens
+    events = streamed(log, terminal)
+    assert events[0]["type"] == "message_start"
+    assert events[0]["message"]["usage"] == {"input_tokens": 11, "output_tokens": 0}
+    assert events[-2]["usage"] == {"input_tokens": 11, "output_tokens": 3}
+
+
+async def test_without_the_upstreams_count_message_start_has_the_estimate():
+    log, terminal = await logged([TextDelta("Hi"), Finish("stop"), Usage(4, 1)], usage_on_open=9)
+    start = streamed(log, terminal)[0]
+    assert start["message"]["usage"]["input_tokens"] == 9
+
+
+async def test_a_replay_of_the_log_renders_the_same_stream():
+    log, terminal = await logged(STOPPED)
+    live = streamed(log, terminal, first=2)
+    assert streamed(log, terminal) == live
+    assert streamed(log, terminal, first=len(log)) == live
+
+
+async def test_a_chat_runs_role_chunk_carries_no_usage():
+    log, _ = await logged(STOPPED, usage_on_open=None)
+    assert b"usage" not in log[0][1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from adapters.chat_chunks import ChunkRenderer, CompletionBuilder
+from adapters.chat_chunks import ChunkRenderer, CompletionBuilder, chunk_events, completion_chunks
 from adapters.events import Finish, TextDelta, ToolCallDelta, Usage
 
 
@@ -61,3 +61,27 @@ def test_completion_builder_joins_choices_and_tool_calls():
     assert second.message.tool_calls[0].function.arguments == '{"x":1}'
     assert second.finish_reason == "tool_calls"
     assert completion.usage.prompt_tokens == 5 and completion.usage.completion_tokens == 6
+
+
+def test_a_stop_string_is_vllms_stop_reason_in_the_chunk_the_object_and_back():
+    r = ChunkRenderer("chatcmpl-1", "m", created=1)
+    finish = Finish("stop", stop_string="\n\n")
+    raw = r.render(finish)
+    assert orjson.loads(raw)["choices"][0]["stop_reason"] == "\n\n"
+    assert chunk_events(orjson.loads(raw)) == [finish]
+    assert "stop_reason" not in orjson.loads(r.render(Finish("stop")))["choices"][0]
+    builder = CompletionBuilder(1)
+    for event in (TextDelta("a"), finish, Usage(2, 1)):
+        builder.add(event)
+    completion = builder.build("chatcmpl-1", "m", 1)
+    assert orjson.loads(completion)["choices"][0]["stop_reason"] == "\n\n"
+    ChatCompletion.model_validate_json(completion)
+    replayed = [orjson.loads(c) for c in completion_chunks(completion)]
+    assert replayed[-1]["choices"][0]["stop_reason"] == "\n\n"
+
+
+def test_an_upstreams_stop_token_id_is_no_stop_string():
+    choice = {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": 128009}
+    assert chunk_events({"choices": [choice]}) == [Finish("stop")]
+    choice = {**choice, "finish_reason": "length", "stop_reason": "x"}
+    assert chunk_events({"choices": [choice]}) == [Finish("length")]

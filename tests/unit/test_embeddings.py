@@ -1,17 +1,22 @@
 """The Embeddings request and answer: parsing as OpenAI checks it, base64 as OpenAI encodes it,
-and the worker body both ends share."""
+the worker body both ends share, and the usage record of a call its client left."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 
 import orjson
 import pytest
 
+from gateway.app_keys import LEDGER
 from gateway.embeddings.render import embeddings_object
 from gateway.embeddings.request import parse_embeddings_request
 from gateway.http.errors import APIError
+from testkit.scripted_adapter import ScriptedAdapter
+from tests.support.gateway import AUTH, gateway_app
+from tests.support.waiting import until
 from wire.api import BadRequest
 from wire.embed_body import MAX_EMBED_INPUTS, Embeddings, EmbedRequest, parse_embed
 
@@ -108,3 +113,42 @@ def test_the_worker_body_round_trips_and_refuses_naming_the_field():
         with pytest.raises(BadRequest) as caught:
             parse_embed(body)
         assert caught.value.param == param
+
+
+class HeldEmbedder(ScriptedAdapter):
+    """A scripted backend whose embeddings wait until released (a call in flight)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model, lambda request: [])
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+        self.asked.set()
+        await self.release.wait()
+        return Embeddings([[1.0] for _ in inputs], 3)
+
+
+async def test_a_call_the_client_leaves_is_recorded_cancelled(
+    aiohttp_client, store_settings, tmp_path
+):
+    backend = HeldEmbedder("e")
+    usage = str(tmp_path / "usage.jsonl")  # its own ledger: the session's is shared
+    client = await aiohttp_client(gateway_app([backend], usage_file=usage, **store_settings))
+    call = asyncio.ensure_future(
+        client.post("/v1/embeddings", json={"model": "e", "input": "x"}, headers=AUTH)
+    )
+    await asyncio.wait_for(backend.asked.wait(), 10)
+    call.cancel()
+
+    async def recorded() -> list | None:
+        records = [r async for r in client.app[LEDGER].read()]
+        return records or None
+
+    (record,) = await until(recorded, "the cancelled call's usage record")
+    assert (record.status, record.cancel_source, record.prompt_tokens) == (
+        "cancelled",
+        "disconnect",
+        0,
+    )
+    assert record.run_id.startswith("emb-")
