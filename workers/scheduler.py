@@ -303,7 +303,8 @@ class _EmbeddingRoom:
 
     NOTE: while no decode has settled, prompts take the whole fixed budget so a wave of them
     starts together (step_time.py, SETTLED_TOKENS); an embedding is no part of such a wave, and
-    a 512-token chunk of it beside the wave's first decodes made their gaps 7x a decode step.
+    with its 512-token chunks beside the wave's first decodes the engine benchmark's row (g)
+    had an ITL p99 up to 2.4x row (d)'s (1.2-1.8x with this room).
     Decided once per step, after the decodes; with no decodes, the embeddings take what is left.
     """
 
