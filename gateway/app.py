@@ -14,6 +14,9 @@ from adapters.catalog import Catalog
 from adapters.pool import PoolAdapter
 from adapters.retry_budget import RetryBudget
 from common import aiohttp_internals
+from gateway.admin.context import admin_ctx
+from gateway.admin.page import add_admin_page
+from gateway.admin.routes import add_admin_routes
 from gateway.app_keys import (
     AUTH,
     CATALOG,
@@ -22,6 +25,7 @@ from gateway.app_keys import (
     HEALTH,
     METRICS,
     OPEN_STREAMS,
+    PRICES,
     RETRY_BUDGET,
     RUNS,
     SETTINGS,
@@ -62,9 +66,11 @@ from gateway.http.middlewares import (
     request_context,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.prices import unserved
 from gateway.runs.flow_control import Flows
 from gateway.settings import Settings
 from gateway.state.stores import shared_state
+from gateway.tracing.setup import install_tracing
 
 log = structlog.get_logger("sluice.app")
 
@@ -86,6 +92,7 @@ def _backends(adapters: list[Adapter] | None):
                 if workers:
                     ready_within = settings.worker_start_timeout
                     supervisor = Supervisor(workers, app[METRICS], ready_within)
+                    app[METRICS].know_workers(w.name for w in workers)
                     await asyncio.gather(*(w.start(ready_within) for w in workers))
                     supervisor.start()
                 members = member_adapters(settings, workers)
@@ -98,6 +105,9 @@ def _backends(adapters: list[Adapter] | None):
                 if adapter not in started:
                     await adapter.start()  # a pool: its first probe of the members
                 await app[CATALOG].add(adapter)
+            app[METRICS].know_models(m.id for m in app[CATALOG].models())  # before the aliases
+            if unpriced := unserved(app[PRICES], (m.id for m in app[CATALOG].models())):
+                log.warning("prices for models no backend serves", models=unpriced)
             await _add_aliases(app)
             pools = [a for a in routed if isinstance(a, PoolAdapter)]
             if pools:
@@ -155,6 +165,7 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
+    app[PRICES] = settings.price_table()
     app[METRICS] = GatewayMetrics()
     app[RETRY_BUDGET] = RetryBudget(settings.retry_budget)
     app[METRICS].registry.register(RetryCollector(app[RETRY_BUDGET]))
@@ -164,10 +175,12 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app[CATALOG] = Catalog()
     app[OPEN_STREAMS] = weakref.WeakSet()
     app[DRAIN] = Drain(settings.shutdown_timeout, settings.cancel_confirm_timeout + SETTLE_MARGIN)
+    install_tracing(app, settings)  # with --otlp-endpoint only
     app.cleanup_ctx.append(_backends(adapters))
     app.cleanup_ctx.append(shared_state)  # after the backends: closed before them
     app.cleanup_ctx.append(follow_tokens_ctx)  # its secret may come from Redis
     app.cleanup_ctx.append(watch_tenants_file)
+    app.cleanup_ctx.append(admin_ctx)  # after shared_state: in redis mode tenants live there
     app.on_response_prepare.append(add_request_id)
     app.on_response_prepare.append(add_route_header)
     app.on_response_prepare.append(add_cors_headers)
@@ -193,4 +206,6 @@ def create_app(settings: Settings, adapters: list[Adapter] | None = None) -> web
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi_json)
     add_playground_routes(app)
+    add_admin_routes(app)
+    add_admin_page(app)
     return app

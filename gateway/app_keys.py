@@ -9,6 +9,7 @@ from aiohttp import web
 from adapters.catalog import Catalog
 from adapters.fallback_route import Route
 from adapters.retry_budget import RetryBudget
+from gateway.admin.service import Admin
 from gateway.backends.health import BackendHealth
 from gateway.http.drain import Drain
 from gateway.http.follow_tokens import FollowTokens
@@ -20,6 +21,7 @@ from gateway.state.ledger import UsageLedger
 from gateway.state.redis_client import SharedRedis
 from gateway.state.redis_open import RedisOpener
 from gateway.state.store_health import DeferredWrites
+from gateway.tracing import RunTracer
 from policies.auth import Authenticator, Principal
 from policies.idempotency import IdempotencyStore
 from policies.quotas import QuotaStore
@@ -42,6 +44,9 @@ DRAIN = web.AppKey("drain", Drain)  # graceful shutdown: handlers read `draining
 FOLLOW_TOKENS = web.AppKey("follow_tokens", FollowTokens)
 FLOWS = web.AppKey("flows", Flows)  # each backend's flow control (design §12)
 RETRY_BUDGET = web.AppKey("retry_budget", RetryBudget)  # the one shared by every pool (§6)
+TRACER = web.AppKey("tracer", RunTracer)  # only with --otlp-endpoint (gateway/tracing/)
+ADMIN = web.AppKey("admin", Admin)  # the admin API (gateway/admin/)
+PRICES = web.AppKey("prices", dict)  # model → gateway.prices.Price, the config's [prices]
 
 # Per-request values, set by the middlewares and the chat handler.
 REQUEST_ID = web.RequestKey("request_id", str)

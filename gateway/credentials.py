@@ -4,8 +4,10 @@ its reloads on SIGHUP or when the file changes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 import structlog
@@ -40,38 +42,53 @@ def tenants_config(settings: Settings) -> TenantsConfig:
 
 def build_authenticator(settings: Settings) -> Authenticator:
     auth = Authenticator(tenants_config(settings))
-    if not len(auth):
+    # NOTE: an admin key, or tenants kept in Redis, can bring the first tenant keys later
+    later = settings.admin_key or settings.tenants_store == "redis"
+    if not len(auth) and not later:
         raise ValueError(
             "no credentials configured: pass --api-key or --tenants (the CLI generates a key)"
         )
     return auth
 
 
+def apply_tenants(app: web.Application, config: TenantsConfig) -> None:
+    """Swap a new tenants config in (the `--api-key` keys added); raises, keeping the old one,
+    when its JWT keys cannot load."""
+    app[AUTH].reload(with_api_keys(config, app[SETTINGS].api_key))
+    app[METRICS].know_tenants(app[AUTH].config.tenants.values())
+
+
 async def watch_tenants_file(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: reload the tenants file when it changes or on SIGHUP."""
+    """cleanup_ctx: reload the tenants file when it changes or on SIGHUP (with
+    `--tenants-store redis` tenants follow Redis instead: gateway/admin/tenant_sync.py)."""
     settings = app[SETTINGS]
-    if not settings.tenants:
+    if not settings.tenants or settings.tenants_store == "redis":
         yield
         return
     path = settings.tenants
+    apply = functools.partial(apply_tenants, app)  # reload_now logs the outcome
 
-    def apply(config: TenantsConfig) -> None:  # reload_now logs the outcome
-        app[AUTH].reload(with_api_keys(config, settings.api_key))
-        app[METRICS].know_tenants(app[AUTH].config.tenants.values())
-
-    loop = asyncio.get_running_loop()
     task = asyncio.create_task(watch_tenants(path, apply), name="tenants watch")
     try:
-        loop.add_signal_handler(signal.SIGHUP, reload_now, path, apply)
-        on_hup = True
+        with on_sighup(functools.partial(reload_now, path, apply)):
+            yield
+    finally:
+        await stop_tasks([task])
+
+
+@contextlib.contextmanager
+def on_sighup(callback: Callable[[], object]) -> Iterator[None]:
+    """Call `callback` on SIGHUP while in the block. NOTE: no SIGHUP where the loop cannot take
+    signal handlers (not Unix, or not the main thread, as when embedded): what the handler
+    would hurry (a file watcher, a Redis poll) still picks changes up, so it is only logged."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, callback)
     except (NotImplementedError, RuntimeError, ValueError):
-        # NOTE: no SIGHUP where the loop cannot take signal handlers (not Unix, or not the main
-        # thread, as when embedded); the file watcher still picks changes up.
-        log.info("no SIGHUP reload here; the tenants file is watched for changes", path=path)
-        on_hup = False
+        log.info("no SIGHUP handler here; changes are still picked up by polling")
+        yield
+        return
     try:
         yield
     finally:
-        await stop_tasks([task])
-        if on_hup:
-            loop.remove_signal_handler(signal.SIGHUP)
+        loop.remove_signal_handler(signal.SIGHUP)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Exemplar, HistogramMetricFamily, Metric
 
 from adapters.fallback_route import OUTCOMES
+from gateway.metric_labels import KNOWN, SAFETY_ACTIONS, combinations
+from gateway.overhead import OverheadHistogram
 from policies.tenants import Tenant
-from wire.share import TIERS
 
 # NOTE: LLM latencies span five orders of magnitude: a cached short answer's first token in a
 # millisecond or two, a long generation (or a queue under load) in minutes, up to the default
@@ -27,7 +29,12 @@ TOKEN_GAP_BUCKETS = (
 )
 TAIL_TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-SAFETY_ACTIONS = ("redact", "block", "checker_error")
+# The gateway's own work per request and per chunk: tens of microseconds when healthy, up to
+# the event loop stalling for a second or more.
+OVERHEAD_BUCKETS = (
+    *(0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005),
+    *(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 
 
 class LoopHistogram:
@@ -46,21 +53,29 @@ class LoopHistogram:
         self.bounds = [float(b) for b in buckets]
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
+        # per bucket, the latest traced observation (OpenMetrics exemplars; docs/tracing.md)
+        self.exemplars: list[Exemplar | None] = [None] * len(self.counts)
         registry.register(self)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
+    def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
+        """`exemplar`: the labels (`trace_id`) of a sampled run's trace, None when untraced."""
+        bucket = bisect_left(self.bounds, value)
+        self.counts[bucket] += 1
         self.sum += value
+        if exemplar is not None:
+            self.exemplars[bucket] = Exemplar(exemplar, value, time.time())
 
     def describe(self) -> list[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation)]
 
     def collect(self) -> Iterator[Metric]:
-        cumulative, running = [], 0
-        for bound, count in zip([*self.bounds, float("inf")], self.counts, strict=True):
+        cumulative: list = []
+        running = 0
+        bounds = [*self.bounds, float("inf")]
+        for bound, count, exemplar in zip(bounds, self.counts, self.exemplars, strict=True):
             running += count
             label = "+Inf" if bound == float("inf") else repr(bound)
-            cumulative.append((label, running))
+            cumulative.append((label, running) if exemplar is None else (label, running, exemplar))
         yield HistogramMetricFamily(
             self.name, self.documentation, buckets=cumulative, sum_value=self.sum
         )
@@ -77,6 +92,7 @@ class GatewayMetrics:
         self._tenant_metrics(self.registry)
         self._flow_metrics(self.registry)
         self._process_metrics(self.registry)
+        self._zero()
 
     def _run_metrics(self, r: CollectorRegistry) -> None:
         """What runs took and produced."""
@@ -116,6 +132,7 @@ class GatewayMetrics:
             TOKEN_GAP_BUCKETS,
             r,
         )
+        self.overhead = OverheadHistogram(OVERHEAD_BUCKETS, r)
         self.deadlines = Counter(
             "sluice_deadlines_exceeded_total",
             "Runs ended by a deadline, by which one (queue, ttft, inter_token, total).",
@@ -244,6 +261,13 @@ class GatewayMetrics:
             ["tenant"],
             registry=r,
         )
+        self.tenant_cost = Counter(
+            "sluice_tenant_cost",
+            "What a tenant's runs cost at the config's [prices] (in the prices' currency), "
+            "counted as each run of a priced model ends.",
+            ["tenant"],
+            registry=r,
+        )
 
     def know_tenants(self, tenants: Iterable[Tenant]) -> None:
         """Export every named tenant's series from the start (at 0), and its weight; called at
@@ -251,10 +275,35 @@ class GatewayMetrics:
         for tenant in tenants:
             self.tenant_weight.labels(tenant.name).set(tenant.sharing.weight)
             self.tokens_served.labels(tenant.name)
+            self.tenant_cost.labels(tenant.name)
             for tier in tenant.sharing.tiers:
                 self.queue_depth.labels(tenant.name, tier)
-        for tier in TIERS:
-            self.shed.labels(tier)
+
+    def know_models(self, models: Iterable[str]) -> None:
+        """Export every served model's run endings from the start (at 0)."""
+        for model in models:
+            for combo in combinations(KNOWN["sluice_runs_finished"]):
+                self.runs_finished.labels(model, *combo)
+
+    def know_workers(self, names: Iterable[str]) -> None:
+        """Export every local worker's restarts from the start (at 0)."""
+        for name in names:
+            self.local_worker_restarts.labels(name)
+
+    def _zero(self) -> None:
+        """Every series whose label values are all known up front (gateway/metric_labels.py),
+        at 0 from the start."""
+        fixed = {
+            "sluice_tokens": self.tokens,
+            "sluice_deadlines_exceeded": self.deadlines,
+            "sluice_cancellations": self.cancellations,
+            "sluice_resumes": self.resumes,
+            "sluice_quota_rejections": self.quota_rejections,
+            "sluice_flow_shed": self.shed,
+        }
+        for name, counter in fixed.items():
+            for combo in combinations(KNOWN[name]):
+                counter.labels(*combo)
 
     def know_aliases(self, aliases: Iterable[str]) -> None:
         """Export every model alias's series from the start (at 0)."""

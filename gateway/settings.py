@@ -20,13 +20,16 @@ from common.worker_settings import (
     SCHEDULINGS,
     WorkerConfig,
     check_kv_sizing,
+    check_otlp_endpoint,
     worker_settings,
 )
+from gateway.prices import Price, parse_prices
 from gateway.runs.deadlines import Deadlines
 from wire.limits import MAX_BODY_BYTES
 
 DEFAULT_MODEL = "default"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TENANTS_STORES = ("file", "redis")
 # the settings that take one of a few words (their flags offer the same choices)
 _CHOICES = {
     "dtype": DTYPES,
@@ -34,6 +37,7 @@ _CHOICES = {
     "pool_routing": ROUTINGS,
     "scheduling": SCHEDULINGS,
     "log_level": LOG_LEVELS,
+    "tenants_store": TENANTS_STORES,
 }
 # what a `[worker]` table may not set, and why: the gateway sets it from its own settings
 _SET_BY_SERVE = {
@@ -83,6 +87,15 @@ class Settings:
             "to its first token before the next is tried); see docs/routing.md"
         },
     )
+    prices: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": 'the config file\'s `[prices."MODEL"]` tables: `input_per_million = 0.15`, '
+            "`output_per_million = 0.60` (per million prompt and generated tokens, in one "
+            "currency); usage records then carry `cost`, and tenants may set `budget_cost`; "
+            "see docs/tenants-and-quotas.md"
+        },
+    )
     # the engine settings handed to each local worker on its command line (the config file's
     # `[worker]` table, the engine flags, their variables); only those given, else the worker's
     # own defaults apply
@@ -92,6 +105,8 @@ class Settings:
     )
     api_key: list[str] = field(default_factory=list)
     tenants: str | None = None
+    tenants_store: str = "file"  # file | redis: where the admin API keeps tenants (docs/admin.md)
+    admin_key: list[str] = field(default_factory=list)  # bearer keys of the admin API (/admin)
     redis_url: str | None = None
     redis_prefix: str = "sluice:"
     redis_max_connections: int = setting(256, "most connections this process keeps open to Redis")
@@ -145,6 +160,8 @@ class Settings:
         "per process",
     )
     cors_origin: list[str] = field(default_factory=list)  # browser origins allowed (or "*")
+    otlp_endpoint: str | None = None  # traces (docs/tracing.md): off unless set
+    trace_sample_ratio: float = 1.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -153,12 +170,20 @@ class Settings:
                 raise ValueError(
                     f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
                 )
+        if self.tenants_store == "redis" and not self.redis_url:
+            raise ValueError("tenants_store redis needs redis_url (--redis-url)")
         if not 0 <= self.retry_budget <= 1:
             raise ValueError(f"retry_budget must be between 0 and 1, not {self.retry_budget!r}")
+        if not 0 <= self.trace_sample_ratio <= 1:
+            raise ValueError(
+                f"trace_sample_ratio must be between 0 and 1, not {self.trace_sample_ratio!r}"
+            )
+        check_otlp_endpoint(self.otlp_endpoint)
         check_keys(self.worker, ENGINE_KEYS, "[worker]")
         WorkerConfig(**self.worker)  # raises ValueError on a value the worker would refuse
         self.upstream_specs()  # raises ValueError on a malformed upstream
         self.aliases()  # raises ConfigError on a malformed alias (its targets: at start)
+        self.price_table()  # raises ConfigError on a malformed price
 
     @property
     def starts_local_workers(self) -> bool:
@@ -185,6 +210,10 @@ class Settings:
         their targets are served is checked once the backends are up
         (gateway/backends/aliases.py)."""
         return parse_aliases(self.models)
+
+    def price_table(self) -> dict[str, Price]:
+        """The config file's `[prices."MODEL"]` tables (gateway/prices.py), by model."""
+        return parse_prices(self.prices)
 
     def upstream_specs(self) -> list[UpstreamSpec]:
         """`--upstream NAME=BASE_URL[#capacity=N]`, then the config file's `[upstreams.NAME]`

@@ -75,6 +75,11 @@ class Authenticator:
     def config(self) -> TenantsConfig:
         return self._creds.config
 
+    @property
+    def verifier(self) -> JWTVerifier | None:
+        """The current `[jwt]` verifier (None without one); the admin API checks roles with it."""
+        return self._creds.verifier
+
     def tenant(self, name: str) -> Tenant:
         """The tenant's current settings; KeyError if a reload removed it."""
         return self._creds.config.tenants[name]

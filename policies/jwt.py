@@ -47,7 +47,16 @@ class JWTVerifier:
             raise TenantsFileError("[jwt]: no key source (jwks_file, public_key_file, ...)")
 
     def verify(self, token: str) -> dict[str, Any] | None:
-        """The token's claims, or None if anything about it is wrong."""
+        """The token's claims, or None if anything about it is wrong or it names no tenant."""
+        claims = self.claims(token)
+        if claims is None:
+            return None
+        tenant = claims.get(self.settings.tenant_claim)
+        return claims if isinstance(tenant, str) and tenant else None
+
+    def claims(self, token: str) -> dict[str, Any] | None:
+        """The claims of a token whose signature, issuer, audience and expiry check out, tenant
+        or not (an administrator's token may name none)."""
         try:
             key, algorithms = self._key_for(token)
             if key is None:
@@ -63,8 +72,7 @@ class JWTVerifier:
             )
         except jwt.PyJWTError:
             return None
-        tenant = claims.get(self.settings.tenant_claim)
-        return claims if isinstance(tenant, str) and tenant else None
+        return claims
 
     def _key_for(self, token: str) -> tuple[Any, list[str]]:
         """The key to check this token with, and the algorithms that key may verify."""

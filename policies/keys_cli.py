@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
-from policies.tenants import TenantsFileError, create_key, list_keys, revoke_key
+from policies.tenants import TenantsFileError
+from policies.tenants_file import create_key, list_keys, revoke_key
 
 DEFAULT_TENANTS_FILE = "tenants.toml"
 
@@ -36,8 +38,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str], prog: str = "sluice keys") -> int:
+# what a change is reported with: (action, key id, tenant, tenants file); the audit log's writer
+OnChange = Callable[[str, str, str, str], None]
+
+
+def main(argv: list[str], prog: str = "sluice keys", on_change: OnChange | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
+    report = on_change or (lambda *change: None)
     try:
         if args.action == "create":
             key, entry = create_key(args.tenants, args.tenant)
@@ -47,13 +54,15 @@ def main(argv: list[str], prog: str = "sluice keys") -> int:
                 f"{args.tenants}; the key is not shown again",
                 file=sys.stderr,
             )
+            report("key.create", entry.id, args.tenant, args.tenants)
         elif args.action == "list":
             _print_table(list_keys(args.tenants))
-        elif not revoke_key(args.tenants, args.key_id):
+        elif (tenant := revoke_key(args.tenants, args.key_id)) is None:
             print(f"{prog}: no key with id {args.key_id} in {args.tenants}", file=sys.stderr)
             return 1
         else:
             print(f"revoked {args.key_id} in {args.tenants}", file=sys.stderr)
+            report("key.revoke", args.key_id, tenant, args.tenants)
     except TenantsFileError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

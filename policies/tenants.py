@@ -1,28 +1,22 @@
 """Tenants and their limits, read from the tenants TOML file (design §5).
 
 Loading is strict on purpose: a misspelt limit that silently meant "unlimited", or a key hash that
-never matches, is worse than a gateway that refuses to start. Key edits (`sluice keys`) go through
-tomlkit so the operator's comments and ordering survive, and only ever write key hashes.
+never matches, is worse than a gateway that refuses to start. Edits to the file (`sluice keys`,
+the admin API) are tenants_file.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import shutil
-import tempfile
 import tomllib
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-from tomlkit.items import Array
-
-from policies.auth import generate_key, hash_key, key_id
+from policies.auth import hash_key, key_id
 from policies.tenants_fields import Section, TenantsFileError
 from policies.tenants_safety import parse_policy
 from policies.tenants_sharing import SHARING_FIELDS, Sharing, parse_sharing
@@ -34,12 +28,14 @@ _LIMIT_FIELDS = ("rpm", "tpm", "max_concurrent", "max_tokens", "budget_tokens")
 _TENANT_FIELDS = (
     *_LIMIT_FIELDS,
     "budget_period",
+    "budget_cost",
     "models",
     *DEADLINE_FIELDS,
     "safety",
     "share_prefix_cache",
     *SHARING_FIELDS,
     "keys",
+    "trace_content",
 )
 _JWT_FIELDS = (
     "algorithms",
@@ -54,10 +50,6 @@ _JWT_FIELDS = (
 _KEY_SOURCES = ("jwks_file", "public_key_file", "hs256_secret_env")
 _PREFIX_CACHE_FIELDS = ("shared_system_prompts",)
 _HASH = re.compile(r"sha256:[0-9a-f]{64}")
-_NEW_FILE_HEADER = (
-    "# sluicegate tenants (see design §5). `sluice keys create` records keys here as SHA-256\n"
-    "# hashes only; a key itself is shown once, when it is created.\n"
-)
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +62,7 @@ class TenantLimits:
     max_tokens: int | None = None
     budget_tokens: int | None = None
     budget_period: float | None = None  # seconds
+    budget_cost: float | None = None  # money per budget period, at the config's [prices]
 
 
 @dataclass(slots=True, frozen=True)
@@ -94,6 +87,7 @@ class Tenant:
     safety: SafetyPolicy | None = None  # its [safety.NAME] policy; None: text is not checked
     share_prefix_cache: bool = False  # its prompts may reuse (and be reused by) others' cache
     sharing: Sharing = field(default_factory=Sharing)  # weight, tiers, queue bound (design §12)
+    trace_content: bool = False  # its runs' traces may record prompt and completion text
 
     @property
     def digest(self) -> str:
@@ -145,7 +139,7 @@ def load_tenants(path: str | Path) -> TenantsConfig:
         raise TenantsFileError(f"{path}: no such file", path=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TenantsFileError(f"{path}: cannot read it: {exc}", path=str(path)) from None
-    return _parse_text(text, path)
+    return parse_text(text, path)
 
 
 def single_tenant(api_keys: list[str], name: str = "default") -> TenantsConfig:
@@ -155,7 +149,7 @@ def single_tenant(api_keys: list[str], name: str = "default") -> TenantsConfig:
     return TenantsConfig(tenants={name: tenant})
 
 
-def _parse_text(text: str, path: Path) -> TenantsConfig:
+def parse_text(text: str, path: Path) -> TenantsConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -202,20 +196,22 @@ def _tenant(
         where.fail("safety", f"no [safety.{safety}] policy (defined: {known})")
     limits = {f: where.positive_int(table, f) for f in _LIMIT_FIELDS}
     period = where.seconds(table, "budget_period", allow_zero=False)
-    if (period is None) != (limits["budget_tokens"] is None):
+    cost = where.amount(table, "budget_cost")
+    if (period is None) != (limits["budget_tokens"] is None and cost is None):
         missing = "budget_tokens" if period is not None else "budget_period"
-        where.fail(missing, "budget_tokens and budget_period go together; set both or neither")
+        where.fail(missing, "budget_period and a budget (tokens, cost) go together")
     deadlines = {f: where.seconds(table, f, allow_zero=True) for f in DEADLINE_FIELDS}
     models = where.strings(table, "models")
     return Tenant(
         name=name,
-        limits=TenantLimits(**limits, budget_period=period),
+        limits=TenantLimits(**limits, budget_period=period, budget_cost=cost),
         models=("*",) if models is None else models,
         deadlines={f: s for f, s in deadlines.items() if s is not None},
         keys=_keys(table.get("keys", []), where),
         safety=None if safety is None else policies[safety],
         share_prefix_cache=_flag(table, "share_prefix_cache", where),
         sharing=parse_sharing(table, where),
+        trace_content=_flag(table, "trace_content", where),
     )
 
 
@@ -305,87 +301,3 @@ def _shared_system_prompts(table: object, path: Path) -> frozenset[str]:
 def _beside(path: Path, name: str | None) -> str | None:
     """A file named in the tenants file is relative to that file's folder, not to the cwd."""
     return None if name is None else str(path.parent / name)
-
-
-def create_key(path: str | Path, tenant: str) -> tuple[str, KeyEntry]:
-    """Make a key for `tenant` and record only its hash; the caller shows the key once."""
-    path = Path(path)
-    if not tenant:
-        raise TenantsFileError(f"{path}: a tenant name is required", path=str(path))
-    doc = _read_document(path) if path.exists() else tomlkit.parse(_NEW_FILE_HEADER)
-    key = generate_key()
-    entry = KeyEntry(hash_key(key), datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    keys = _keys_array(doc, tenant)
-    keys.multiline(True)  # one key per line keeps diffs and hand edits readable
-    keys.append(tomlkit.inline_table().add("hash", entry.hash).add("created", entry.created))
-    _write_document(path, doc)
-    return key, entry
-
-
-def list_keys(path: str | Path) -> list[tuple[str, str, str | None]]:
-    """(key id, tenant, created) for every key in the file."""
-    config = load_tenants(path)
-    return [(e.id, t.name, e.created) for t in config.tenants.values() for e in t.keys]
-
-
-def revoke_key(path: str | Path, key_id_: str) -> bool:
-    """Remove the key with this id; False when no key has it (the file is then untouched)."""
-    path = Path(path)
-    doc = _read_document(path)
-    found: list[tuple[Array, int]] = []
-    for table in doc.get("tenants", {}).values():
-        keys = table.get("keys", [])
-        for i, item in enumerate(keys):
-            digest = item.get("hash") if isinstance(item, dict) else item
-            if key_id(str(digest)) == key_id_:
-                found.append((keys, i))
-    if len(found) > 1:
-        raise TenantsFileError(f"{path}: key id {key_id_} is ambiguous; edit the file by hand")
-    if not found:
-        return False
-    keys, i = found[0]
-    del keys[i]
-    _write_document(path, doc)
-    return True
-
-
-def _read_document(path: Path) -> tomlkit.TOMLDocument:
-    """The file as tomlkit sees it, after checking it loads: never edit a broken file."""
-    load_tenants(path)
-    return tomlkit.parse(path.read_text(encoding="utf-8"))
-
-
-def _keys_array(doc: tomlkit.TOMLDocument, tenant: str) -> Array:
-    if "tenants" not in doc:
-        doc["tenants"] = tomlkit.table(is_super_table=True)
-    tenants = doc["tenants"]
-    if tenant not in tenants:
-        table = tomlkit.table()
-        table["keys"] = tomlkit.array()
-        table.add(tomlkit.nl())
-        tenants[tenant] = table
-    table = tenants[tenant]
-    if "keys" not in table:
-        table["keys"] = tomlkit.array()
-    return table["keys"]
-
-
-def _write_document(path: Path, doc: tomlkit.TOMLDocument) -> None:
-    """Check the new text loads, then swap it in atomically (a reader never sees half a file)."""
-    text = tomlkit.dumps(doc)
-    _parse_text(text, path)
-    target = Path(os.path.realpath(path))
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        if target.exists():
-            shutil.copymode(target, tmp)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

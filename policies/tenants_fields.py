@@ -62,6 +62,16 @@ class Section:
             self.fail(name, f"expected a positive integer, got {value!r}")
         return value
 
+    def amount(self, table: dict[str, Any], name: str) -> float | None:
+        """An amount of money: a finite number, at least 0."""
+        value = table.get(name)
+        if value is None:
+            return None
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0 <= value < math.inf:
+            self.fail(name, f"expected a number at least 0, got {value!r}")
+        return float(value)
+
     def seconds(self, table: dict[str, Any], name: str, *, allow_zero: bool) -> float | None:
         value = table.get(name)
         if value is None:

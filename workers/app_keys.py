@@ -13,3 +13,4 @@ CONFIG = web.AppKey("config", WorkerConfig)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 METRICS = web.AppKey("metrics", WorkerMetrics)
 SERVICE = web.AppKey("service", WorkerService)
+TRACER = web.AppKey("tracer", object)  # only with --otlp-endpoint: workers/tracing.py

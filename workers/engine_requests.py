@@ -67,7 +67,10 @@ class LiveRequests:
         if status == RequestStatus.FINISHED_STOPPED and seq.tool_calls_sent:
             status = RequestStatus.FINISHED_TOOL_CALLS
         seq.status = status
-        out.events.append(api.FinishLine(FINISH_REASON[status], seq.index, seq.num_output_tokens))
+        line = api.FinishLine(FINISH_REASON[status], seq.index, seq.num_output_tokens)
+        if status == RequestStatus.FINISHED_STOPPED and seq.hit_stop_string:
+            line.stop_string = seq.holdback.matched
+        out.events.append(line)
         self.release(seq)
 
     def release(self, seq: SequenceState) -> None:

@@ -24,8 +24,8 @@ from wire import api
 from wire.api import BadRequest
 from wire.embed_body import parse_embed
 from wire.generate_body import parse_generate
-from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE
-from workers.async_engine import DuplicateRequest, EngineNotRunning
+from workers.app_keys import CONFIG, METRICS, REGISTRY, SERVICE, TRACER
+from workers.async_engine import SHUTTING_DOWN, DuplicateRequest, EmbeddingFailed, EngineNotRunning
 from workers.config import WorkerConfig
 from workers.service import LoadedModel, WorkerService
 
@@ -127,6 +127,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except BadRequest as e:
         return _error(400, e.message, e.code, e.param)
     events = service.generate(engine_request)
+    if (tracer := request.app.get(TRACER)) is not None:  # its span: the caller's child
+        model_id = service.model_info()["id"]
+        events = tracer.traced(request.headers, engine_request.request_id, model_id, events)
     async with contextlib.aclosing(events):
         try:  # the `start` line comes first; a refused request fails before the 200
             first = await anext(events)
@@ -162,7 +165,22 @@ async def embed(request: web.Request) -> web.Response:
         answer = await service.embed(parse_embed(await _read_json(request)))
     except BadRequest as e:
         return _error(400, e.message, e.code, e.param)
+    except EmbeddingFailed as e:
+        return _error(503 if e.code == SHUTTING_DOWN else 500, str(e), e.code, None)
     return _json(answer.wire())
+
+
+async def count(request: web.Request) -> web.Response:
+    """The prompt tokens a `/v1/generate` body would take (same body, same rendering); nothing
+    is generated."""
+    service = request.app[SERVICE]
+    if not service.is_ready:
+        return _not_ready()
+    try:
+        tokens = await service.count(parse_generate(await _read_json(request)))
+    except BadRequest as e:
+        return _error(400, e.message, e.code, e.param)
+    return _json({"input_tokens": tokens})
 
 
 async def _stream(
@@ -203,6 +221,11 @@ def create_worker_app(
     app[METRICS] = service.metrics
     app[SERVICE] = service
     app.cleanup_ctx.append(_service_ctx)
+    if config.otlp_endpoint is not None:
+        from workers.tracing import GenerateTracer  # NOTE: only now: off costs no import
+
+        app[TRACER] = GenerateTracer(config.otlp_endpoint)
+        app.on_cleanup.append(lambda app: app[TRACER].close())
     app.on_shutdown.append(_end_streams)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -211,4 +234,5 @@ def create_worker_app(
     app.router.add_post("/v1/generate", generate)
     app.router.add_post("/v1/abort", abort)
     app.router.add_post("/v1/embed", embed)
+    app.router.add_post("/v1/count", count)
     return app

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from wire.generate_body import GenerateBody
 from workers.async_engine import AsyncEngine
 from workers.chat import ChatTemplateError, raw_prompt, render_prompt, shared_prefix_len
 from workers.config import WorkerConfig
-from workers.embedding import embed_ids, hidden_size
+from workers.embedding import EmbeddingJob, hidden_size
 from workers.engine import Engine
 from workers.engine_outputs import ContextTooLong, EngineStats
 from workers.metrics import WorkerMetrics
@@ -76,7 +77,6 @@ class WorkerService:
         self._started_at = 0
         self._engine: AsyncEngine | None = None
         self._tokenize: ThreadPoolExecutor | None = None
-        self._embed: ThreadPoolExecutor | None = None  # embeddings' forward passes
         self._grammar: GrammarCompiler | None = None
         self.ready = asyncio.Event()
         self.failed = asyncio.Event()
@@ -93,7 +93,6 @@ class WorkerService:
             engine = Engine(loaded.model, loaded.tokenizer, **self.config.engine_kwargs(device))
             self._grammar = await asyncio.to_thread(self._grammar_compiler, loaded, engine)
             self._tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-tokenize")
-            self._embed = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-embed")
             self._engine = AsyncEngine(engine, on_step=self.metrics.observe_step)
             self._engine.start()
             self._loaded = loaded
@@ -138,9 +137,8 @@ class WorkerService:
         """End every live stream and the engine thread (idempotent)."""
         if self._engine is not None:
             await self._engine.stop()
-        for pool in (self._tokenize, self._embed):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        if self._tokenize is not None:
+            self._tokenize.shutdown(wait=False, cancel_futures=True)
         if self._grammar is not None:
             self._grammar.close()
 
@@ -204,6 +202,11 @@ class WorkerService:
         """The prompt's ids, on the tokenizing thread: a raw prompt as it is, messages through
         the chat template."""
         loop = asyncio.get_running_loop()
+        if isinstance(body.prompt, tuple):  # token ids: taken as they are
+            vocab = loaded.model.config.vocab_size
+            if any(t >= vocab for t in body.prompt):
+                raise BadRequest(f"prompt token ids must be below {vocab}", "prompt")
+            return list(body.prompt)
         if body.prompt is not None:  # raw text: no chat template
             return await loop.run_in_executor(
                 self._tokenize, raw_prompt, loaded.tokenizer, body.prompt
@@ -219,6 +222,11 @@ class WorkerService:
             )
         except ChatTemplateError as e:
             raise BadRequest(str(e), "messages") from None
+
+    async def count(self, body: GenerateBody) -> int:
+        """The prompt's tokens exactly as `prepare` renders it (chat template, tools), so a
+        count equals the `prompt_tokens` a generation of the same body reports; nothing runs."""
+        return len(await self._prompt_ids(self._require_loaded(), body))
 
     async def _compile(self, body: GenerateBody) -> CompiledGrammar | None:
         """The grammar the output must follow, compiled off the engine thread; a 400 naming the
@@ -254,8 +262,9 @@ class WorkerService:
             )
 
     async def embed(self, body: EmbedRequest) -> Embeddings:
-        """Unit vectors of the inputs (workers/embedding.py), computed on the embedding thread;
-        BadRequest naming `input` or `dimensions` before any is computed."""
+        """Unit vectors of the inputs (workers/embedding.py), computed through the engine's
+        steps beside the running streams; BadRequest naming `input` or `dimensions` before any
+        is computed."""
         loaded = self._require_loaded()
         model = loaded.model
         size = hidden_size(model)
@@ -267,7 +276,7 @@ class WorkerService:
         prompts = await loop.run_in_executor(
             self._tokenize, _raw_prompts, loaded.tokenizer, body.inputs
         )
-        limit = context_length(model.config)
+        limit = self._require_engine().max_model_len
         for i, ids in enumerate(prompts):
             if not 0 < len(ids) <= limit:
                 raise BadRequest(
@@ -275,9 +284,11 @@ class WorkerService:
                     "input",
                     "context_length_exceeded",
                 )
-        vectors = await loop.run_in_executor(
-            self._embed, embed_ids, model, prompts, body.dimensions
-        )
+        call = uuid.uuid4().hex
+        jobs = [
+            EmbeddingJob(f"embed-{call}-{i}", ids, body.dimensions) for i, ids in enumerate(prompts)
+        ]
+        vectors = await self._require_engine().embed(jobs)
         return Embeddings(vectors, sum(len(ids) for ids in prompts))
 
     def generate(self, request: EngineRequest) -> AsyncIterator[api.Line]:

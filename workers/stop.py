@@ -24,11 +24,12 @@ class StopStringHoldback:
     "E" (a stream cannot wait past a completed stop string for a longer one to complete).
     """
 
-    __slots__ = ("_pending", "_stops")
+    __slots__ = ("_pending", "_stops", "matched")
 
     def __init__(self, stops: Iterable[str] = ()) -> None:
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
+        self.matched: str | None = None  # the stop string that ended the text, once one did
 
     @property
     def pending(self) -> str:
@@ -39,10 +40,11 @@ class StopStringHoldback:
         if not self._stops:
             return text, False
         buffer = self._pending + text
-        hits = [(i + len(s), i) for s in self._stops if (i := buffer.find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self._stops if (i := buffer.find(s)) >= 0]
         if hits:
+            _, start, self.matched = min(hits)
             self._pending = ""
-            return buffer[: min(hits)[1]], True
+            return buffer[:start], True
         keep = self._held_suffix_len(buffer)
         cut = len(buffer) - keep
         self._pending = buffer[cut:]

@@ -32,7 +32,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.backends.local_worker import free_port
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

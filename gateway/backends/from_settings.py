@@ -36,6 +36,7 @@ def local_workers(settings: Settings) -> list[LocalWorker]:
             settings.max_body_bytes,
             scheduling=settings.scheduling,
             engine=settings.worker,
+            otlp_endpoint=settings.otlp_endpoint,
         )
         for _ in range(max(1, settings.workers))
     ]

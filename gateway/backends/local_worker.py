@@ -68,6 +68,7 @@ class LocalWorker:
         port: int | None = None,
         scheduling: str = "fair",
         engine: Mapping[str, Any] | None = None,
+        otlp_endpoint: str | None = None,
     ) -> None:
         """`max_body_bytes` is the gateway's own limit: the worker takes whatever it forwards;
         `scheduling` the gateway's own (fair or fcfs); `engine` the engine settings given to
@@ -75,6 +76,7 @@ class LocalWorker:
         self.model = model
         self.scheduling = scheduling
         self.engine = dict(engine or {})
+        self.otlp_endpoint = otlp_endpoint  # the gateway's: its workers' spans join its traces
         self.device = device
         self.dtype = dtype
         self.max_body_bytes = worker_body_limit(max_body_bytes)
@@ -103,6 +105,7 @@ class LocalWorker:
             "--scheduling",
             self.scheduling,
             *worker_command_flags(self.engine),
+            *(["--otlp-endpoint", self.otlp_endpoint] if self.otlp_endpoint else []),
         ]
 
     async def start(self, ready_within: float) -> None:

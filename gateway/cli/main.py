@@ -1,4 +1,4 @@
-"""The `sluice` command line: `serve`, `worker`, `usage`, `keys` (design §9).
+"""The `sluice` command line: `serve`, `worker`, `usage`, `keys`, `audit`, `tenants` (design §9).
 
 `serve`'s flags here and the settings dataclass (gateway/settings.py) are what
 docs/reference/serve.md is generated from (gateway/cli/reference.py)."""
@@ -20,7 +20,7 @@ from common.logs import configure_logging
 from common.worker_settings import DEVICES, DTYPES, SERVE_ENGINE_FLAGS, add_engine_arguments
 from gateway.gc_policy import settle_for_serving
 from gateway.http.server import GatewayRunner
-from gateway.settings import LOG_LEVELS, SCHEDULINGS, Settings, load_settings
+from gateway.settings import LOG_LEVELS, SCHEDULINGS, TENANTS_STORES, Settings, load_settings
 from policies.auth import generate_key
 
 
@@ -61,6 +61,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _add_run_arguments(p)
     _add_connection_arguments(p)
     _add_browser_arguments(p)
+    _add_trace_arguments(p)
     engine = p.add_argument_group(
         "local workers' engine", "handed to each local worker; also the config's [worker] table"
     )
@@ -92,10 +93,41 @@ def _add_browser_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """OpenTelemetry traces of runs (docs/tracing.md)."""
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export a trace per run (OTLP/HTTP protobuf to URL/v1/traces, e.g. "
+        "http://collector:4318); the local workers export their spans there too; off by default",
+    )
+    p.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        metavar="RATIO",
+        help="share of runs traced, by trace id (default 1.0); a caller's traceparent decides "
+        "for its own runs",
+    )
+
+
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Tenants, state, a run's deadlines and retention."""
     p.add_argument("--api-key", action="append", default=[], help="accepted bearer key")
     p.add_argument("--tenants", help="tenants TOML file")
+    p.add_argument(
+        "--tenants-store",
+        choices=list(TENANTS_STORES),
+        help="where tenants live: file (the --tenants file, edited in place by the admin API; "
+        "the default) or redis (shared by every replica on --redis-url; the file is pushed "
+        "there once, then ignored)",
+    )
+    p.add_argument(
+        "--admin-key",
+        action="append",
+        default=[],
+        help="a bearer key of the admin API (/admin); repeatable; none: only a JWT with the "
+        "sluice-admin role, and without [jwt] the admin API answers 404",
+    )
     p.add_argument("--redis-url", help="Redis for state shared by replicas")
     p.add_argument("--redis-prefix", help="key prefix in Redis (default 'sluice:')")
     p.add_argument(
@@ -262,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("worker", help="run one model worker (sluice worker --help for its flags)")
     sub.add_parser("usage", help="token totals per tenant and model from the usage ledger")
     sub.add_parser("keys", help="create, list or revoke API keys (sluice keys --help)")
+    sub.add_parser("audit", help="the audit log of tenant and key changes (sluice audit --help)")
+    sub.add_parser("tenants", help="move tenants between the file and Redis: push | pull")
     return parser
 
 
@@ -276,9 +310,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return usage_main(argv[1:])
     if argv[:1] == ["keys"]:
+        from gateway.admin.cli import record_key_change
         from policies.keys_cli import main as keys_main
 
-        return keys_main(argv[1:])
+        return keys_main(argv[1:], on_change=record_key_change)
+    if argv[:1] == ["audit"]:
+        from gateway.admin.cli import audit_main
+
+        return audit_main(argv[1:])
+    if argv[:1] == ["tenants"]:
+        from gateway.admin.cli import tenants_main
+
+        return tenants_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

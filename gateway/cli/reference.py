@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common.config import CONFIG_ENV, Setting, describe
 from common.worker_settings import ENGINE_KEYS, worker_parser, worker_settings
+from gateway.admin.cli import audit_parser, tenants_parser
 from gateway.cli.main import add_serve_arguments
 from gateway.cli.usage import build_parser as usage_parser
 from gateway.settings import Settings
@@ -116,6 +117,7 @@ def render_serve() -> str:
     special = {
         "upstreams": "`[upstreams.NAME]`",
         "models": '`[models."ALIAS"]`',
+        "prices": '`[prices."MODEL"]`',
         "worker": "`[worker]`",
     }
     rows = [_row(s, special.get(s.key, f"`{s.key}`")) for s in describe(Settings, parser)]
@@ -155,6 +157,13 @@ def render_serve() -> str:
             "per conversation, the others after it); `first_token_timeout`, the seconds a target "
             "may take to its first token before the next is tried. See "
             "[Model aliases and fallbacks](../routing.md).",
+            '## `[prices."MODEL"]`',
+            "Each table prices a model as the backends serve it: `input_per_million` and "
+            "`output_per_million`, per million prompt and generated tokens in one currency (a "
+            "key left out is 0; a key below 0 or an unknown key stops the start). Usage records "
+            "then carry `cost`, `sluice_tenant_cost_total` adds it up, and tenants may set "
+            "`budget_cost`. A price for a model no backend serves is a warning at start. See "
+            "[Prices and cost budgets](../tenants-and-quotas.md#prices-and-cost-budgets).",
             "## Example",
             _SERVE_EXAMPLE,
         ]
@@ -230,10 +239,30 @@ def render_usage_and_keys() -> str:
     return "\n\n".join(parts)
 
 
+def render_audit_and_tenants() -> str:
+    """docs/reference/audit-and-tenants.md: the admin API's two commands (docs/admin.md)."""
+    head = "| Argument | Required | Description |\n|---|---|---|"
+    parts = [
+        "# sluice audit and sluice tenants",
+        GENERATED,
+        "## sluice audit",
+        "The audit log of tenant and key changes, oldest first: the file beside the tenants "
+        "file, or (`--tenants-store redis`) the Redis Stream.",
+        "\n".join([head, *_flag_rows(audit_parser())]),
+        "## sluice tenants",
+        "Move the tenants between the tenants file and Redis (`--tenants-store redis`).",
+    ]
+    for name, help_text, sub in _commands(tenants_parser()):
+        rows = "\n".join([head, *_flag_rows(sub)])
+        parts += [f"### sluice tenants {name}", _cell(help_text) + ".", rows]
+    return "\n\n".join(parts)
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "serve.md": render_serve,
     "worker.md": render_worker,
     "usage-and-keys.md": render_usage_and_keys,
+    "audit-and-tenants.md": render_audit_and_tenants,
 }
 
 

@@ -20,6 +20,7 @@ EXPOSED_HEADERS = ", ".join(
         "x-request-id",
         "x-follow-token",
         "x-sluice-run-id",
+        "x-sluice-run-ids",
         "x-ratelimit-limit-requests",
         "x-ratelimit-remaining-requests",
         "x-ratelimit-limit-tokens",

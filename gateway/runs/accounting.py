@@ -19,6 +19,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
 from gateway.state.run_store import TerminalRecord
+from gateway.tracing import RunTrace
 
 log = structlog.get_logger("sluice.runs")
 
@@ -49,6 +50,7 @@ class RunAccounting:
         "aborted_tokens",
         "arrived_tokens",
         "confirmed_at",
+        "exemplar",
         "first_arrival_at",
         "first_token_at",
         "last_arrival_at",
@@ -63,9 +65,14 @@ class RunAccounting:
         "usage",
     )
 
-    def __init__(self, metrics: GatewayMetrics, started: float) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics, started: float, trace: RunTrace | None = None
+    ) -> None:
+        """`trace`: the run's span, which reads these counters at the run's end."""
         self.metrics = metrics
         self.started = started
+        # the sampled trace's id on this run's histogram observations (None: untraced)
+        self.exemplar = None if trace is None else trace.attach(self)
         self.first_token_at: float | None = None  # tokens reaching the log
         self.last_token_at: float | None = None
         # tokens reaching the gateway (the deadlines watch the upstream, not a stage's hold)
@@ -104,7 +111,7 @@ class RunAccounting:
                     self.sent_tokens += event.tokens
                 if self.first_token_at is None:
                     self.first_token_at = now
-                    self.metrics.ttft.observe(now - self.started)
+                    self.metrics.ttft.observe(now - self.started, self.exemplar)
                 else:
                     self.metrics.inter_token.observe(now - self.last_token_at)
                 self.last_token_at = now
@@ -190,6 +197,7 @@ class RunAccounting:
             e2e_s=(self.terminal_at or now) - self.started,
             tail_latency_s=tail_latency,
             safety=None if spec.safety is None else spec.safety.label,
+            exemplar=self.exemplar,
         )
 
 
@@ -198,7 +206,7 @@ def record_outcome(metrics: GatewayMetrics, outcome: RunOutcome) -> None:
     m, terminal = metrics, outcome.terminal
     reason = terminal.finish_reason
     m.runs_finished.labels(outcome.model, reason or _END_REASON.get(terminal.status, "error")).inc()
-    m.e2e.observe(outcome.e2e_s)
+    m.e2e.observe(outcome.e2e_s, outcome.exemplar)
     if outcome.tail_latency_s is not None:
         m.tail_latency.observe(outcome.tail_latency_s)
     m.tokens.labels("sent").inc(outcome.sent_tokens)

@@ -13,7 +13,7 @@ from aiohttp import web
 from adapters.base import Adapter
 from adapters.fallback import FallbackAdapter
 from adapters.requests import ChatRequest
-from gateway.app_keys import CATALOG, HEALTH, METRICS, MODEL_LABEL, QUOTAS, SETTINGS
+from gateway.app_keys import CATALOG, HEALTH, METRICS, MODEL_LABEL, PRICES, QUOTAS, SETTINGS
 from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
 from gateway.runs.aliases import alias_run
 from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
@@ -34,6 +34,7 @@ def quota_limits(limits: TenantLimits) -> QuotaLimits:
         max_concurrent=limits.max_concurrent,
         budget_tokens=limits.budget_tokens,
         budget_period=limits.budget_period,
+        budget_cost=limits.budget_cost,
     )
 
 
@@ -116,6 +117,8 @@ def cap_max_tokens(tenant: Tenant, chat: ChatRequest, param: str = "max_tokens")
 
 
 def prompt_estimate(chat: ChatRequest) -> int:
+    if isinstance(chat.prompt, list):  # a legacy completion's token ids: counted exactly
+        return len(chat.prompt)
     if chat.prompt is not None:  # a legacy completion's raw text
         return estimate([("user", chat.prompt)])
     return estimate([(m.role, m.content or "") for m in chat.messages])
@@ -144,8 +147,13 @@ def quota_request(
     if limits == QuotaLimits():
         return None
     max_tokens = chat.max_tokens or app[SETTINGS].default_max_tokens
-    tokens = prompt_estimate(chat) + max_tokens * chat.n
-    return QuotaRequest(tenant.name, run_id, tokens, limits)
+    prompt = prompt_estimate(chat)
+    tokens = prompt + max_tokens * chat.n
+    # NOTE: a model alias has no price of its own (its target's is known once one serves): it
+    # reserves no cost, and its run is charged what it cost when it ends
+    price = app[PRICES].get(chat.model) if limits.budget_cost is not None else None
+    cost = price.cost_nanos(prompt, max_tokens * chat.n) if price is not None else 0
+    return QuotaRequest(tenant.name, run_id, tokens, limits, cost)
 
 
 def refused(app: web.Application, exc: QuotaExceeded) -> APIError:

@@ -26,11 +26,19 @@ from contextlib import aclosing
 import structlog
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
-from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
+from adapters.events import Event
 from gateway.metrics import GatewayMetrics
+from gateway.overhead import RunOverhead
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
 from gateway.runs.deadlines import Alarm, next_deadline
-from gateway.runs.endings import STORE_LOST_CAUSE, ending, error_body, refusal, stage_failure
+from gateway.runs.endings import (
+    STORE_LOST_CAUSE,
+    ending,
+    error_body,
+    refusal,
+    scan_batch,
+    stage_failure,
+)
 from gateway.runs.flow_control import Shed, Withdrawn
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
@@ -75,8 +83,11 @@ class RunDriver:
         chat = spec.chat
         created = int(time.time()) if created is None else created
         tier = chat.share.tier if chat.share is not None else None
-        self.pipeline = RunPipeline(spec.run_id, chat.model, created, chat.n, stages, tier)
-        self.acct = RunAccounting(self.metrics, spec.started or time.monotonic())
+        self.pipeline = RunPipeline(
+            spec.run_id, chat.model, created, chat.n, stages, tier, chat.usage_on_open
+        )
+        self.acct = RunAccounting(self.metrics, spec.started or time.monotonic(), spec.trace)
+        self.overhead = RunOverhead(self.metrics.overhead, self.acct.started)
         self.phase = Phase.NEW
         self.status = RunStatus.RECEIVED  # as recorded in the store
         self.ending: Ending | None = None
@@ -212,11 +223,13 @@ class RunDriver:
             return
         self.phase = Phase.STREAMING
         self._arm()
+        self.overhead.sent()
         try:
             async with aclosing(self.spec.adapter.stream(self.spec.chat, self.run_id)) as events:
                 ended = await self._read(events)
         finally:
             self._give_back_capacity()  # the backend is done with it: the next may go
+        self.overhead.upstream_done()
         self.phase = Phase.ENDED
         if ended and self.ending is not None and self.ending.source is not None:
             self.acct.confirmed_at = time.monotonic()  # the upstream ended the stream itself
@@ -229,8 +242,10 @@ class RunDriver:
         if self.ending is None and ticket is not None and not ticket.dispatched:
             self.phase = Phase.WAITING
             self._arm()
+            waiting_since = time.monotonic()
             with contextlib.suppress(Withdrawn):  # stop() took it out of the queue
                 await ticket.wait()
+            self.overhead.waited = time.monotonic() - waiting_since
         if self.ending is None:
             return True
         # NOTE: stopped while waiting, or while its `queued` status was being written: nothing
@@ -249,29 +264,25 @@ class RunDriver:
         """Record batches until the stream ends (True) or reports a failure (False); once the
         ending is decided, what comes is tail. Deadlines and an unconfirmed stop interrupt it
         (they close the stream)."""
+        overhead = self.overhead
         async for batch in events:
             if self.phase is not Phase.STREAMING:
                 self.acct.held_back(batch)
-            elif not await self._record(batch):
+                continue
+            arrived = time.perf_counter()
+            recorded = await self._record(batch)
+            overhead.batch_done(arrived)
+            if not recorded:
                 return False
         return True
 
     async def _record(self, batch: list[Event]) -> bool:
         """One batch into the log (through the pipeline), and the run's status forward."""
-        failure: ErrorEvent | None = None
-        tokens = admitted = False
-        for i, event in enumerate(batch):
-            kind = type(event)
-            if kind is TextDelta or kind is ToolCallDelta:
-                tokens = True
-            elif kind is Admitted:
-                admitted = True
-            elif kind is ErrorEvent:
-                failure, batch = event, batch[:i]
-                break
-        if (admitted or tokens) and self.status < RunStatus.ADMITTED:
+        scan = scan_batch(batch)
+        failure, batch = scan.failure, scan.events
+        if (scan.admitted or scan.tokens) and self.status < RunStatus.ADMITTED:
             await self._advance(RunStatus.ADMITTED)
-        if tokens and self.status < RunStatus.DECODING:
+        if scan.tokens and self.status < RunStatus.DECODING:
             await self._advance(RunStatus.DECODING)
         had_token = self.acct.first_arrival_at is not None
         self.acct.arrived(batch)
@@ -307,27 +318,17 @@ class RunDriver:
         if self.ending is None:
             self.ending = Ending(RunStatus.COMPLETED, "completed", None, time.monotonic())
         await self._advance(RunStatus.FINALIZING)
-        chunks, released = await self.pipeline.finish()
-        if (failure := stage_failure(released)) is not None:  # what a stage held was refused
-            if chunks:
-                with contextlib.suppress(LogClosed):
-                    await self.store.append(self.run_id, chunks)
-            self.ending = Ending(
-                RunStatus.FAILED,
-                f"stage:{failure.code}",
-                None,
-                time.monotonic(),
-                error_body(failure),
-            )
-            await self._write_ending()
-            return
-        if self.pipeline.builder.usage is None and self.acct.usage is not None:
-            self.pipeline.builder.add(self.acct.usage)  # reported after an early stop
-        if self.spec.chat.include_usage and (usage := self.pipeline.usage_chunk()) is not None:
-            chunks.append(usage)
+        chunks, failure = await self.pipeline.close(self.acct.usage, self.spec.chat.include_usage)
         if chunks:
             with contextlib.suppress(LogClosed):
                 await self.store.append(self.run_id, chunks)
+        if failure is not None:  # what a stage held was refused
+            at = time.monotonic()
+            self.ending = Ending(
+                RunStatus.FAILED, f"stage:{failure.code}", None, at, error_body(failure)
+            )
+            await self._write_ending()
+            return
         completion = self.pipeline.completion(int(time.time()))
         reason = self.pipeline.builder.finish_reason(0)
         record = TerminalRecord(
@@ -361,6 +362,7 @@ class RunDriver:
             self.spec, self.ending, terminal, self.pipeline.model
         )
         record_outcome(self.metrics, outcome)
+        self.overhead.ended(self.acct.terminal_at)
         if self.settle is not None:
             try:
                 await self.settle(outcome)

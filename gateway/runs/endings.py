@@ -8,11 +8,12 @@ event whose `code` is `cancelled` / `timeout`).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import orjson
 
 from adapters.base import BackendRejected, BackendUnavailable
-from adapters.events import ErrorEvent, Event
+from adapters.events import Admitted, ErrorEvent, Event, TextDelta, ToolCallDelta
 from gateway.runs.flow_control import Shed
 from gateway.runs.status import TERMINAL_ERROR_CODE, RunStatus
 from gateway.state.run_store import Chunk, TerminalRecord, log_chunk
@@ -118,3 +119,28 @@ def stage_failure(events: list[Event]) -> ErrorEvent | None:
 def error_body(failure: ErrorEvent) -> dict:
     """An error event as the run's terminal error (the `error` frame's object)."""
     return {"message": failure.message, "type": failure.type, "param": None, "code": failure.code}
+
+
+@dataclass(slots=True)
+class BatchScan:
+    """What one batch from the backend says about the run: whether it carries tokens, whether
+    the backend admitted the run, and the failure it reports (the events before it kept)."""
+
+    events: list[Event]
+    tokens: bool = False
+    admitted: bool = False
+    failure: ErrorEvent | None = None
+
+
+def scan_batch(batch: list[Event]) -> BatchScan:
+    scan = BatchScan(batch)
+    for i, event in enumerate(batch):
+        kind = type(event)
+        if kind is TextDelta or kind is ToolCallDelta:
+            scan.tokens = True
+        elif kind is Admitted:
+            scan.admitted = True
+        elif kind is ErrorEvent:
+            scan.failure, scan.events = event, batch[:i]
+            break
+    return scan

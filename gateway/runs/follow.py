@@ -30,6 +30,7 @@ from gateway.state.run_store import (
     TerminalRecord,
     UnknownRun,
 )
+from gateway.tracing.setup import note
 
 log = structlog.get_logger("sluice.streaming")
 FOLLOW_BATCH = 512  # most events read from the log at once
@@ -86,6 +87,8 @@ async def stream_log(
     run refused before any event is answered with its HTTP error instead of a stream.
     `framing`: another protocol's SSE framing (gateway/http/sse.py), else OpenAI's."""
     metrics = request.app[METRICS]
+    if resume:  # an event on the run's span, when it is traced and driven here
+        note(request.app[RUNS], record.run_id, "sluice.resume")
     begun: list[SSEWriter] = []  # the stream's writer, once its headers are out
     try:
         await _follow(request, record, frames, headers, resume, answer_refusal, begun, framing)

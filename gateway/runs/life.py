@@ -24,7 +24,9 @@ from gateway.app_keys import (
     DEFERRED,
     FLOWS,
     LEDGER,
+    METRICS,
     OPENER,
+    PRICES,
     PRINCIPAL,
     QUOTAS,
     RATE_HEADERS,
@@ -35,6 +37,7 @@ from gateway.app_keys import (
     TENANT,
 )
 from gateway.http.errors import APIError, overloaded
+from gateway.prices import Price
 from gateway.runs import replays
 from gateway.runs.admission import (
     backend_for,
@@ -52,8 +55,9 @@ from gateway.runs.status import PUBLIC_STATUS
 from gateway.state.ledger import UsageRecord
 from gateway.state.redis_open import KeyClaim, RedisOpener
 from gateway.state.run_store import TerminalRecord
+from gateway.tracing.setup import run_trace
 from policies.idempotency import body_fingerprint
-from policies.quotas import Admission, QuotaExceeded
+from policies.quotas import Admission, QuotaExceeded, nanos
 
 # The run's id, on the answer that starts it: a stream's headers go out (at the latest one
 # heartbeat interval in) before its first chunk, which may wait while the run is queued.
@@ -80,10 +84,13 @@ class RunLife:
         *,
         run_id: str | None = None,
         meta: dict | None = None,
+        key_part: int = 0,
     ) -> None:
         """Checks the request for its tenant (model, access, caps, a ready backend): an
         APIError here means nothing was claimed or reserved. `run_id` and `meta` are a
-        Responses request's (its `resp_` id, its fields kept with the run record)."""
+        Responses request's (its `resp_` id, its fields kept with the run record).
+        `key_part`: which of the request's runs this is, when it opens several (a legacy
+        completion's prompts): each after the first claims its Idempotency-Key as `KEY#part`."""
         self.app = request.app
         self.request = request
         self.tenant = request[TENANT]
@@ -95,6 +102,8 @@ class RunLife:
         shared = self.app[AUTH].config.shared_system_prompts  # the current file's, reloads too
         chat.shared_system_prompt = opens_with_shared_prompt(chat.messages, shared)
         self.key = replays.idempotency_key(request)
+        if self.key is not None and key_part:
+            self.key = f"{self.key}#{key_part}"
         self.spec = RunSpec(
             run_id=run_id or new_run_id(),
             chat=chat,
@@ -105,6 +114,7 @@ class RunLife:
             started=request[STARTED],
             safety=self.tenant.safety,
             meta=meta or {},
+            trace=run_trace(self.app, request.headers, self.tenant, body),
         )
         self.admission: Admission | None = None
 
@@ -241,7 +251,10 @@ class RunLife:
         record falls back to this host's file (gateway/state/ledger.py). The three are independent,
         so they go together (with Redis: one pipeline)."""
         app, deferred = self.app, self.app[DEFERRED]
-        writes = [app[LEDGER].append(usage_record(outcome))]
+        record = usage_record(outcome, app[PRICES].get(outcome.model))
+        if record.cost:
+            app[METRICS].tenant_cost.labels(outcome.tenant).inc(record.cost)
+        writes = [app[LEDGER].append(record)]
         if self.key is not None:
             key, terminal = self.key, outcome.terminal
             writes.append(
@@ -256,7 +269,10 @@ class RunLife:
             used = (prompt if prompt is not None else prompt_estimate(self.chat)) + (
                 outcome.generated_tokens
             )
-            release = deferred.run("quota release", lambda: app[QUOTAS].release(admission, used))
+            cost = 0 if record.cost is None else nanos(record.cost)  # what the record bills
+            release = deferred.run(
+                "quota release", lambda: app[QUOTAS].release(admission, used, cost)
+            )
             writes.append(release)
         for result in await asyncio.gather(*writes, return_exceptions=True):
             if isinstance(result, BaseException):
@@ -282,7 +298,10 @@ def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) ->
     return first is not None and first.role in ("system", "developer") and first.content in shared
 
 
-def usage_record(outcome: RunOutcome) -> UsageRecord:
+def usage_record(outcome: RunOutcome, price: Price | None = None) -> UsageRecord:
+    """The run's usage record; `cost` at `price`, the served model's (None: it has none), the
+    tail included in the generated tokens (the upstream produced them)."""
+    prompt = outcome.prompt_tokens or 0
     return UsageRecord(
         run_id=outcome.run_id,
         tenant=outcome.tenant,
@@ -291,11 +310,12 @@ def usage_record(outcome: RunOutcome) -> UsageRecord:
         status=PUBLIC_STATUS[outcome.status],
         finish_reason=outcome.finish_reason,
         cancel_source=outcome.cancel_source,
-        prompt_tokens=outcome.prompt_tokens or 0,
+        prompt_tokens=prompt,
         generated_tokens=outcome.generated_tokens,
         sent_tokens=outcome.sent_tokens,
         tail_tokens=outcome.tail_tokens,
         ttft_s=outcome.ttft_s,
         e2e_s=outcome.e2e_s,
         ended_at=time.time(),
+        cost=None if price is None else price.cost(prompt, outcome.generated_tokens),
     )

@@ -152,6 +152,8 @@ class RunManager:
         if record is None:
             record = self.record_for(spec)
             await self.store.create(record)
+        if spec.trace is not None:  # its span opens now; it ends as the run settles
+            settle = spec.trace.start(spec, settle)
         driver = RunDriver(
             spec,
             self.store,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from adapters.chat_chunks import ChunkRenderer, CompletionBuilder
-from adapters.events import Accepted, Event, Finish, TextDelta, ToolCallDelta, Usage
+from adapters.events import Accepted, ErrorEvent, Event, Finish, TextDelta, ToolCallDelta, Usage
 from gateway.state.run_store import Chunk, log_chunk
 
 
@@ -43,7 +43,10 @@ class RunPipeline:
         n: int,
         stages: Sequence[Stage] = (),
         service_tier: str | None = None,
+        usage_on_open: int | None = None,
     ) -> None:
+        """`usage_on_open`: not None, the first role chunk carries the prompt's tokens (the
+        upstream's count on accepting the run, else this estimate): a Messages run's."""
         self.run_id = run_id
         self.model = model
         self.created = created
@@ -53,6 +56,7 @@ class RunPipeline:
         self.renderer = ChunkRenderer(run_id, model, created, service_tier)
         self.builder = CompletionBuilder(n)
         self.opened = False  # the role chunks are in the log
+        self.usage_on_open = usage_on_open
 
     async def feed(self, events: list[Event]) -> tuple[list[Chunk], list[Event]]:
         """The chunks for a batch of upstream events (the role chunks first, when the upstream
@@ -63,6 +67,8 @@ class RunPipeline:
                 if type(event) is Accepted:
                     if event.model is not None:  # a model alias's target serves the run
                         self.serve(event.model)
+                    if event.prompt_tokens is not None and self.usage_on_open is not None:
+                        self.usage_on_open = event.prompt_tokens
                     chunks += self._open()
                     break
         for stage in self.stages:
@@ -81,6 +87,22 @@ class RunPipeline:
         for stage in self.stages:
             events = await stage.feed(events) + await stage.finish()
         return [c for e in events if (c := self._render(e)) is not None], events
+
+    async def close(
+        self, usage: Usage | None, include_usage: bool
+    ) -> tuple[list[Chunk], ErrorEvent | None]:
+        """The upstream is done: the chunks of what the stages still held, then (when the
+        client asked for it) the usage chunk, with `usage` reported after an early stop where
+        the stream carried none; or what the stages held and the refusal among it."""
+        chunks, released = await self.finish()
+        for event in released:
+            if type(event) is ErrorEvent:
+                return chunks, event
+        if self.builder.usage is None and usage is not None:
+            self.builder.add(usage)
+        if include_usage and (usage_chunk := self.usage_chunk()) is not None:
+            chunks.append(usage_chunk)
+        return chunks, None
 
     @property
     def stop_source(self) -> str | None:
@@ -107,7 +129,9 @@ class RunPipeline:
 
     def _open(self) -> list[Chunk]:
         self.opened = True
-        return [log_chunk(self.renderer.role(i)) for i in range(self.n)]
+        prompt = self.usage_on_open
+        usage = None if prompt is None else Usage(prompt, 0)
+        return [log_chunk(self.renderer.role(i, usage if i == 0 else None)) for i in range(self.n)]
 
     def _render(self, event: Event) -> Chunk | None:
         kind = type(event)

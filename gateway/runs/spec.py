@@ -16,6 +16,7 @@ from gateway.runs.deadlines import Deadlines
 from gateway.runs.flow_control import Ticket
 from gateway.runs.status import RunStatus
 from gateway.state.run_store import TerminalRecord
+from gateway.tracing import RunTrace
 from safety.policy import SafetyPolicy
 
 
@@ -35,6 +36,8 @@ class RunSpec:
     # its place in the backend's flow control (design §12): the driver waits for its turn, and
     # gives it back when the run no longer uses the backend; None: it goes at once
     ticket: Ticket | None = None
+    # its span when tracing is on (gateway/tracing/), started with the run; None: untraced
+    trace: RunTrace | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +64,7 @@ class RunOutcome:
     e2e_s: float
     tail_latency_s: float | None  # last token → terminal state recorded
     safety: str | None = None  # the policy that judged its text, as `name@digest12`
+    exemplar: dict[str, str] | None = None  # its sampled trace's id, for histogram exemplars
 
     @property
     def status(self) -> RunStatus:

@@ -201,6 +201,9 @@ class ToolCallStage:
             kind = type(event)
             if kind is ToolCallDelta:
                 self._add(event)
+            elif kind is Finish and not self.calls.get(event.index):
+                self.calls.pop(event.index, None)
+                out.append(event)  # no calls: it passes as it came (its stop string too)
             elif kind is Finish:
                 out += self._close(event.index, event.reason)
                 if self.failed:

@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from gateway.backends.local_worker import free_port
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 from tests.support.metrics import scraped
 from tests.support.processes import stop, wait_ready
 from tests.support.serve import local_worker_url

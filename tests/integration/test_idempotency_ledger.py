@@ -20,7 +20,7 @@ from gateway.app import create_app
 from gateway.app_keys import RUNS
 from gateway.settings import Settings
 from gateway.state.ledger import JsonlLedger, RedisLedger, UsageRecord
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, sse_events, stream_text
 from tests.support.waiting import until

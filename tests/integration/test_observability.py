@@ -25,7 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.backends.local_worker import free_port
-from policies.tenants import create_key
+from gateway.metric_labels import KNOWN, RUNTIME, combinations
+from policies.tenants_file import create_key
 from tests.support.metric_names import GATEWAY_METRICS, WORKER_METRICS
 from tests.support.metrics import scraped
 from tests.support.processes import stop, wait_ready
@@ -65,6 +66,7 @@ class Gateway:
     worker: str
     model: str
     keys: dict[str, str]
+    fresh: str  # its /metrics before any request
 
 
 @dataclass
@@ -180,11 +182,12 @@ def stack(tiny_model_dir, tmp_path_factory) -> Iterator[Stack]:
     try:
         root = f"http://127.0.0.1:{port}"
         wait_ready(proc, f"{root}/readyz")
+        fresh = httpx.get(f"{root}/metrics", timeout=5).text
         worker = local_worker_url(root)
         models = httpx.get(f"{root}/v1/models", headers=auth(keys["open"])).json()["data"]
         (model,) = [m["id"] for m in models if m["id"] != "dead"]
         config = config_for([f"127.0.0.1:{port}"], [worker.removeprefix("http://")])
-        gateway = Gateway(root, worker, model, keys)
+        gateway = Gateway(root, worker, model, keys, fresh)
         warm_up(gateway)
         with running_prometheus(tmp, config) as prometheus:
             stack = Stack(**vars(gateway), prometheus=prometheus)
@@ -294,6 +297,50 @@ def test_every_contract_metric_is_exported_with_its_labels(stack):
     assert set(worker) >= WORKER_METRICS
     preemptions = worker["sluice_worker_preemptions"].samples
     assert {s.labels["reason"] for s in preemptions} == {"kv", "fairness", "priority"}
+
+
+def test_a_fresh_gateway_exports_every_known_series_at_zero(stack):
+    """Every combination of gateway/metric_labels.py's table, for each value of a run-time
+    label the process knew at start (its models, its tenants, its local worker and pools), is
+    there at 0 before the first request: `rate()` and `increase()` see a series' first event."""
+    fresh = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(stack.fresh)
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+    def named(name: str, label: str) -> set[str]:
+        return {dict(labels)[label] for n, labels in fresh if n == name}
+
+    started = {
+        "model": {stack.model, "dead"},
+        "tenant": {"open", "limited"},
+        "alias": set(),  # none configured
+        "pool": named("sluice_run_migrations_total", "pool"),
+    }
+    workers = named("sluice_local_worker_restarts_total", "member")
+    members = named("sluice_member_requests_total", "member")
+    assert len(workers) == 1 and started["pool"] and members  # its worker, in a pool
+    missing = []
+    for family, row in KNOWN.items():
+        label = RUNTIME.get(family)
+        if family == "sluice_member_ejections":
+            values = members
+        elif family == "sluice_local_worker_restarts":
+            values = workers
+        else:
+            values = started[label] if label else {None}
+        for value in values:
+            for combo in combinations(row):
+                labels = dict(zip(row, combo, strict=True))
+                if label is not None:
+                    labels[label] = value
+                count = fresh.get((f"{family}_total", frozenset(labels.items())))
+                # NOTE: the pool's first probe found the `dead` upstream down before any request
+                if count is None or (count and family != "sluice_member_ejections"):
+                    missing.append((family, labels))
+    assert missing == []
 
 
 def bounds(family) -> list[float]:

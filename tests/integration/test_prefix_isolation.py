@@ -14,7 +14,7 @@ import tomlkit
 
 from adapters.worker_client import WorkerAdapter
 from gateway.app_keys import AUTH
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 from policies.tenants_watch import reload_now
 from testkit.tiny_model import build_tiny_tokenizer
 from tests.support.gateway import chat_body, gateway_app

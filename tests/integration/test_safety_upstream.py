@@ -13,7 +13,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from gateway.app_keys import AUTH, METRICS, RUNS
-from policies.tenants import create_key
+from policies.tenants_file import create_key
 from testkit.scripted_upstream import sse
 from tests.support.gateway import chat_body, gateway_app, stream_payloads, stream_text
 from tests.support.waiting import until

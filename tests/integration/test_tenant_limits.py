@@ -27,7 +27,7 @@ from gateway.app_keys import AUTH, QUOTAS, RUNS, SETTINGS
 from gateway.credentials import tenants_config
 from policies.auth import hash_key, key_id
 from policies.quotas import estimate_prompt_tokens
-from policies.tenants import create_key, list_keys, revoke_key
+from policies.tenants_file import create_key, list_keys, revoke_key
 from testkit.scripted_adapter import ScriptedAdapter
 from tests.support.gateway import chat_body, gateway_app, sse_events
 from tests.support.waiting import until
@@ -106,13 +106,14 @@ async def error_of(resp: aiohttp.ClientResponse) -> dict:
 
 
 async def rejections(client) -> dict[str, float]:
-    """`sluice_quota_rejections_total` by limit, parsed from /metrics."""
+    """`sluice_quota_rejections_total` by limit, parsed from /metrics: the limits that refused
+    (every limit's series is there from the start, at 0)."""
     text = await (await client.get("/metrics")).text()
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "sluice_quota_rejections":
             for sample in family.samples:
-                if sample.name == "sluice_quota_rejections_total":
+                if sample.name == "sluice_quota_rejections_total" and sample.value:
                     counts[sample.labels["limit"]] = sample.value
     return counts
 

@@ -31,7 +31,8 @@ MEMBER_METRICS = frozenset(
 # type and label names. Design §7 fixes the names and these labels; `sluice_run_migrations`
 # also says which pool, and `sluice_store_up` (Redis answers) is the gateway's own addition.
 # The `sluice_flow_*` and `sluice_tenant_*` families are fair sharing's: queues, sheds and
-# each tenant's weight and tokens served.
+# each tenant's weight and tokens served; `sluice_tenant_cost` what a tenant's runs cost at the
+# config's prices, and `sluice_gateway_overhead_seconds` the time the gateway itself adds.
 GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_requests": ("counter", frozenset({"model", "tenant", "code"})),
     "sluice_runs_finished": ("counter", frozenset({"model", "reason"})),
@@ -62,4 +63,6 @@ GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_flow_shed": ("counter", frozenset({"tier"})),
     "sluice_tenant_tokens_served": ("counter", frozenset({"tenant"})),
     "sluice_tenant_weight": ("gauge", frozenset({"tenant"})),
+    "sluice_tenant_cost": ("counter", frozenset({"tenant"})),
+    "sluice_gateway_overhead_seconds": ("histogram", frozenset({"phase"})),
 }

@@ -53,7 +53,7 @@ def test_every_flag_of_serve_and_worker_is_a_setting():
 def test_the_serve_page_lists_every_setting_and_the_worker_table():
     page = render_serve()
     for s in describe(Settings):
-        assert f"`{s.key}`" in page or s.key in ("upstreams", "models", "worker"), s.key
+        assert f"`{s.key}`" in page or s.key in ("upstreams", "models", "prices", "worker"), s.key
     for key in ENGINE_KEYS:
         assert f"`[worker] {key}`" in page
     assert "[upstreams.NAME]" in page

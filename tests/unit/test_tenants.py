@@ -12,13 +12,11 @@ from policies.tenants import (
     Tenant,
     TenantLimits,
     TenantsFileError,
-    create_key,
-    list_keys,
     load_tenants,
-    revoke_key,
     single_tenant,
 )
 from policies.tenants_fields import parse_duration
+from policies.tenants_file import create_key, list_keys, revoke_key
 from policies.tenants_sharing import Sharing
 from policies.tenants_watch import reload_now
 
