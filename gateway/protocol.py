@@ -109,7 +109,8 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None)
     if value is None:
         return None
     if value < low or (high is not None and value > high):
-        limit = f"at least {low}" if high is None else f"between {low} and {high}"
+        # NOTE: a bound that only keeps a number within what a backend can carry is not news
+        limit = f"at least {low}" if high in (None, MAX_INT64) else f"between {low} and {high}"
         raise invalid_request(name, f"Invalid value for '{name}': {value}; it must be {limit}.")
     return value
 
