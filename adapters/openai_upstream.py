@@ -32,7 +32,7 @@ from adapters.completion_chunks import completion_chunk_events
 from adapters.events import Accepted, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
-from wire.embed_body import Embeddings
+from wire.embed_body import Embeddings, EmbedInput
 
 COUNT_TIMEOUT = aiohttp.ClientTimeout(total=COUNT_TIMEOUT_S)
 _OPTIONAL = (
@@ -201,7 +201,9 @@ class OpenAIUpstreamAdapter:
             else:
                 resp.close()
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+    async def embed(
+        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+    ) -> Embeddings:
         """The upstream's vectors of `inputs` (its `/embeddings`, as floats) and its usage."""
         assert self._session is not None
         body: dict[str, Any] = {

@@ -45,7 +45,7 @@ from adapters.pool_members import Lease, Member, MemberLost
 from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
 from adapters.retry_budget import RetryBudget, retry_reason
-from wire.embed_body import Embeddings
+from wire.embed_body import Embeddings, EmbedInput
 
 log = structlog.get_logger("sluice.pool")
 RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
@@ -345,7 +345,9 @@ class PoolAdapter(PoolHealth):
         """Whether some member serves embeddings (`GET /v1/models` says so)."""
         return any(hasattr(m.adapter, "embed") for m in self.members)
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+    async def embed(
+        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+    ) -> Embeddings:
         """The vectors from a usable member that serves embeddings; on a failure before its
         answer, the next one (the retry budget allowing); a refusal is the request's own."""
         tried = {i for i, m in enumerate(self.members) if not hasattr(m.adapter, "embed")}

@@ -41,7 +41,7 @@ from adapters.events import (
 from adapters.framing import LineSplitter
 from adapters.requests import ChatRequest
 from wire import api
-from wire.embed_body import Embeddings, EmbedRequest, read_embed_answer
+from wire.embed_body import Embeddings, EmbedInput, EmbedRequest, read_embed_answer
 from wire.generate_body import GenerateRequest
 from wire.output_spec import parse_response_format, parse_tools
 from wire.sampling_params import InvalidParam, SamplingParams
@@ -244,7 +244,9 @@ class WorkerAdapter:
         finally:
             resp.close()
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+    async def embed(
+        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+    ) -> Embeddings:
         """The worker's unit vectors of `inputs` (`POST /v1/embed`), in order."""
         assert self._session is not None
         body = EmbedRequest(request_id, inputs, dimensions).to_json()

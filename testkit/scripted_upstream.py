@@ -479,7 +479,11 @@ async def embeddings(request: web.Request) -> web.Response:
     if body.get("model") in status_for:
         status, payload = status_for[body["model"]]
         return web.json_response(payload, status=status)
-    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    inputs = body["input"]
+    if not isinstance(inputs, list) or (inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]  # one text, or one array of token ids
+    # token ids embed as their decimal text, and count one token each
+    texts = [t if isinstance(t, str) else " ".join(map(str, t)) for t in inputs]
     dimensions = body.get("dimensions") or EMBEDDING_SIZE
     if dimensions > EMBEDDING_SIZE:
         error = {"message": "too many dimensions", "type": "invalid_request_error"}

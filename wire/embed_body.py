@@ -15,14 +15,16 @@ from wire.generate_body import parse_request_id
 
 MAX_EMBED_INPUTS = 256  # inputs in one call (the gateway refuses more before it asks)
 MAX_DIMENSIONS = 1 << 16  # far above any model's size: only bounds the parsing
+EmbedInput = str | list[int]  # a text, or its token ids (the worker checks them against its vocab)
 
 
 @dataclass(frozen=True, slots=True)
 class EmbedRequest:
-    """A `/v1/embed` body: the texts, in order, and the Matryoshka size (None: the model's)."""
+    """A `/v1/embed` body: the inputs (texts, or token ids), in order, and the Matryoshka size
+    (None: the model's)."""
 
     request_id: str
-    inputs: list[str]
+    inputs: list[EmbedInput]
     dimensions: int | None = None
 
     def to_json(self) -> bytes:
@@ -45,16 +47,26 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(t) and t >= 0 for t in value)
+
+
 def parse_embed(body: Any) -> EmbedRequest:
     """Validate a decoded `/v1/embed` body; raises BadRequest naming the first bad field."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", None, "invalid_type")
     request_id = parse_request_id(body)
     inputs = body.get("input")
-    if not isinstance(inputs, list) or not all(isinstance(s, str) and s for s in inputs):
-        raise BadRequest("input must be a list of non-empty strings", "input", "invalid_type")
+    if not isinstance(inputs, list) or not (
+        all(isinstance(s, str) and s for s in inputs) or all(map(_is_ids, inputs))
+    ):
+        raise BadRequest(
+            "input must be a list of non-empty strings, or of non-empty arrays of token ids",
+            "input",
+            "invalid_type",
+        )
     if not 0 < len(inputs) <= MAX_EMBED_INPUTS:
-        raise BadRequest(f"input must hold 1 to {MAX_EMBED_INPUTS} strings", "input")
+        raise BadRequest(f"input must hold 1 to {MAX_EMBED_INPUTS} inputs", "input")
     dimensions = body.get("dimensions")
     if dimensions is not None and (not _is_int(dimensions) or not 0 < dimensions <= MAX_DIMENSIONS):
         raise BadRequest(

@@ -272,10 +272,16 @@ class WorkerService:
             raise BadRequest(
                 f"dimensions must be at most {size}, this model's embedding size", "dimensions"
             )
-        loop = asyncio.get_running_loop()
-        prompts = await loop.run_in_executor(
-            self._tokenize, _raw_prompts, loaded.tokenizer, body.inputs
-        )
+        if isinstance(body.inputs[0], str):  # texts (all of them: parse_embed saw to that)
+            loop = asyncio.get_running_loop()
+            prompts = await loop.run_in_executor(
+                self._tokenize, _raw_prompts, loaded.tokenizer, body.inputs
+            )
+        else:  # token ids, as they are
+            prompts = body.inputs
+            vocab = model.config.vocab_size
+            if any(t >= vocab for ids in prompts for t in ids):
+                raise BadRequest(f"input token ids must be below {vocab}", "input")
         limit = self._require_engine().max_model_len
         for i, ids in enumerate(prompts):
             if not 0 < len(ids) <= limit:

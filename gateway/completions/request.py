@@ -17,16 +17,13 @@ from typing import Any
 from adapters.requests import ChatRequest
 from gateway.http.errors import invalid_request
 from gateway.protocol import parse_chat_request
+from gateway.token_ids import MAX_TOKEN_ID, all_alike, as_ids, is_token_ids
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a legacy completion
 MAX_LOGPROBS = 5  # OpenAI's largest `logprobs` for a legacy completion
 # NOTE: each prompt is a run of its own (its own reservation, slot and ledger record), so the
 # bound is on how many runs one call may open at once, well under a tenant's usual concurrency
 MAX_PROMPTS = 32
-MAX_PROMPT_IDS = 1 << 20  # far above any context: the worker's context check is the real one
-# far above any vocabulary (the worker checks against its own); keeps ids within JSON's usual
-# 64-bit integers on the way to a backend
-MAX_TOKEN_ID = (1 << 31) - 1
 META = "completion"  # the run record's meta key: the run answers as a `text_completion`
 
 Prompt = str | list[int]
@@ -93,22 +90,6 @@ class CompletionCall:
         return out
 
 
-def _is_id(value: Any) -> bool:
-    """A token id: an integer >= 0 (JSON's 5.0 is one too, as JSON Schema counts)."""
-    if isinstance(value, float):
-        return value.is_integer() and 0 <= value <= MAX_TOKEN_ID
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
-
-
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and 0 < len(value) <= MAX_PROMPT_IDS and all(map(_is_id, value))
-
-
-def _all_alike(prompts: list[Any]) -> bool:
-    """All strings, or all lists of token ids (a mix is no prompt OpenAI takes either)."""
-    return all(isinstance(p, str) for p in prompts) or all(_is_ids(p) for p in prompts)
-
-
 def _prompts(body: dict[str, Any]) -> list[Prompt]:
     """The prompts: one string, a list of strings, a list of token ids, a list of such lists."""
     prompt = body.get("prompt")
@@ -118,10 +99,10 @@ def _prompts(body: dict[str, Any]) -> list[Prompt]:
         )
     if isinstance(prompt, str):
         prompts = [prompt]
-    elif _is_ids(prompt):
-        prompts = [[int(t) for t in prompt]]
-    elif isinstance(prompt, list) and prompt and _all_alike(prompt):
-        prompts = [p if isinstance(p, str) else [int(t) for t in p] for p in prompt]
+    elif is_token_ids(prompt):
+        prompts = [as_ids(prompt)]
+    elif isinstance(prompt, list) and prompt and all_alike(prompt):
+        prompts = [p if isinstance(p, str) else as_ids(p) for p in prompt]
     else:
         raise invalid_request(
             "prompt",

@@ -1,6 +1,7 @@
 """The Embeddings request (`POST /v1/embeddings`), checked as OpenAI's: `model`, `input` (a
-string or a list of strings; token ids are refused for now), `encoding_format` (`float` or
-`base64`), `dimensions`, `user`. Unknown fields are ignored, as elsewhere in the gateway."""
+string, a list of strings, an array of token ids or a list of such arrays), `encoding_format`
+(`float` or `base64`), `dimensions`, `user`. Unknown fields are ignored, as elsewhere in the
+gateway."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 from gateway.http.errors import invalid_request
 from gateway.protocol import _integer
-from wire.embed_body import MAX_DIMENSIONS, MAX_EMBED_INPUTS
+from gateway.token_ids import MAX_TOKEN_ID, all_alike, as_ids, is_token_ids
+from wire.embed_body import MAX_DIMENSIONS, MAX_EMBED_INPUTS, EmbedInput
 
 ENCODINGS = ("float", "base64")
 
@@ -17,41 +19,38 @@ ENCODINGS = ("float", "base64")
 @dataclass(frozen=True, slots=True)
 class EmbeddingsRequest:
     model: str
-    inputs: list[str]
+    inputs: list[EmbedInput]
     encoding_format: str = "float"
     dimensions: int | None = None
     user: str | None = None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _inputs(value: Any) -> list[str]:
+def _inputs(value: Any) -> list[EmbedInput]:
     if value is None:
         raise invalid_request(
             "input", "Missing required parameter: 'input'.", code="missing_required_parameter"
         )
-    texts = [value] if isinstance(value, str) else value
-    if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
-        if not all(texts):
-            raise invalid_request("input", "Invalid 'input': a string must not be empty.")
-        if len(texts) > MAX_EMBED_INPUTS:
-            raise invalid_request(
-                "input", f"Invalid 'input': at most {MAX_EMBED_INPUTS} strings per request."
-            )
-        return texts
-    if isinstance(texts, list) and texts and all(_is_int(t) or isinstance(t, list) for t in texts):
+    if isinstance(value, str):
+        inputs: list[EmbedInput] = [value]
+    elif is_token_ids(value):
+        inputs = [as_ids(value)]
+    elif isinstance(value, list) and value and all_alike(value):
+        inputs = [v if isinstance(v, str) else as_ids(v) for v in value]
+    else:
         raise invalid_request(
             "input",
-            "Invalid 'input': token ids are not supported yet; send the text as strings.",
-            code="unsupported_value",
+            "Invalid type for 'input': expected a string, an array of strings, an array of "
+            f"token ids (integers from 0 to {MAX_TOKEN_ID}) or an array of such arrays, none "
+            "of them empty.",
+            code="invalid_type",
         )
-    raise invalid_request(
-        "input",
-        "Invalid type for 'input': expected a string or a non-empty array of strings.",
-        code="invalid_type",
-    )
+    if any(v == "" for v in inputs):
+        raise invalid_request("input", "Invalid 'input': a string must not be empty.")
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise invalid_request(
+            "input", f"Invalid 'input': at most {MAX_EMBED_INPUTS} inputs per request."
+        )
+    return inputs
 
 
 def parse_embeddings_request(body: Any) -> EmbeddingsRequest:

@@ -24,7 +24,7 @@ from adapters.requests import ChatRequest
 from gateway.app_keys import CATALOG, HEALTH, MODEL_LABEL, ROUTE
 from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
 from policies.tenants import Tenant
-from wire.embed_body import Embeddings
+from wire.embed_body import Embeddings, EmbedInput
 
 Embed = Callable[[list[str], int | None, str], Awaitable[Embeddings]]
 
@@ -46,7 +46,7 @@ class EmbedPlan:
     route: Route | None = None
 
     async def embed(
-        self, inputs: list[str], dimensions: int | None, call_id: str
+        self, inputs: list[EmbedInput], dimensions: int | None, call_id: str
     ) -> tuple[str, Embeddings]:
         """(the model that served, its answer) from the first candidate that answers."""
         budget = self.alias.budget if self.alias is not None else None
@@ -78,7 +78,7 @@ class EmbedPlan:
         return True
 
 
-def embed_plan(request: web.Request, tenant: Tenant, model: str, first: str) -> EmbedPlan:
+def embed_plan(request: web.Request, tenant: Tenant, model: str, first: EmbedInput) -> EmbedPlan:
     """The backends to ask, after the tenant's and the backends' checks (an APIError when
     none can be asked). `first`: the call's first input (a weighted alias's stickiness)."""
     adapter = request.app[CATALOG].lookup(model)
@@ -99,7 +99,7 @@ def embed_plan(request: web.Request, tenant: Tenant, model: str, first: str) -> 
 
 
 def _alias_plan(
-    request: web.Request, tenant: Tenant, alias: FallbackAdapter, first: str
+    request: web.Request, tenant: Tenant, alias: FallbackAdapter, first: EmbedInput
 ) -> EmbedPlan:
     route = alias.plan(ChatRequest(alias.alias.name, [], prompt=first))
     request[ROUTE] = route  # the x-sluice-route header reads it when the answer goes out

@@ -104,7 +104,9 @@ async def _reserve(
     limits = quota_limits(tenant.limits)
     if limits == QuotaLimits():
         return None
-    tokens = estimate([("user", text) for text in asked.inputs])
+    texts = [("user", text) for text in asked.inputs if isinstance(text, str)]
+    ids = sum(len(i) for i in asked.inputs if not isinstance(i, str))  # counted, not estimated
+    tokens = (estimate(texts) if texts else 0) + ids
     try:
         return await app[QUOTAS].admit(QuotaRequest(tenant.name, call_id, tokens, limits))
     except QuotaExceeded as exc:

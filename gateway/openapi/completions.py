@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.completions.opening import RUN_IDS_HEADER
-from gateway.completions.request import MAX_LOGPROBS, MAX_PROMPTS, MAX_TOKEN_ID
+from gateway.completions.request import MAX_LOGPROBS, MAX_PROMPTS
 from gateway.openapi.document import (
     _RUN_ID,
     FOLLOW_TOKEN_HEADER,
@@ -22,6 +22,7 @@ from gateway.openapi.document import (
     _get,
 )
 from gateway.openapi.schemas import SERVICE_TIER, _needs, _nullable, _object, bounded, ref
+from gateway.token_ids import MAX_TOKEN_ID
 from wire.limits import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from wire.share import TIERS
 

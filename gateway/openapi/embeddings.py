@@ -8,25 +8,27 @@ from typing import Any
 
 from gateway.openapi.document import JSON, _answer, _errors
 from gateway.openapi.schemas import _nullable, _object, ref
+from gateway.token_ids import MAX_TOKEN_ID
 from wire.embed_body import MAX_DIMENSIONS, MAX_EMBED_INPUTS
 
 
 def _request() -> dict[str, Any]:
     text = {"type": "string", "minLength": 1}
+    ids = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID},
+    }
+    many = {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS}
     return {
         "type": "object",
         "required": ["model", "input"],
-        "description": "OpenAI's Embeddings request; unknown fields are ignored. Token-id "
-        "inputs are a 400 naming `input`; `dimensions` above the model's size is a 400 naming "
-        "it.",
+        "description": "OpenAI's Embeddings request; unknown fields are ignored. Token ids at "
+        "or above the model's vocabulary are a 400 naming `input`; `dimensions` above the "
+        "model's size is a 400 naming it.",
         "properties": {
             "model": {"type": "string", "minLength": 1},
-            "input": {
-                "anyOf": [
-                    text,
-                    {"type": "array", "minItems": 1, "maxItems": MAX_EMBED_INPUTS, "items": text},
-                ]
-            },
+            "input": {"anyOf": [text, {**many, "items": text}, ids, {**many, "items": ids}]},
             "encoding_format": {
                 "enum": ["float", "base64", None],
                 "description": "`base64`: each vector's little-endian float32 bytes, base64'd.",

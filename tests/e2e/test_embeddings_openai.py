@@ -46,6 +46,17 @@ def test_one_by_one_equals_the_batch(floats, client, model):
         assert alone.embedding == pytest.approx(item.embedding, abs=1e-5)
 
 
+def test_token_ids_embed_as_their_text(floats, client, model, tiny_model_dir):
+    ids = [AutoTokenizer.from_pretrained(tiny_model_dir)(t)["input_ids"] for t in TEXTS[:2]]
+    answer = client.embeddings.create(model=model, input=ids, encoding_format="float")
+    for by_ids, by_text in zip(answer.data, floats.data[:2], strict=True):
+        assert by_ids.embedding == pytest.approx(by_text.embedding, abs=1e-5)
+    assert answer.usage.prompt_tokens == sum(map(len, ids))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model=model, input=[[10**6]])  # past the vocabulary
+    assert caught.value.body["param"] == "input"
+
+
 def test_dimensions_within_the_models_size(client, model):
     (short,) = client.embeddings.create(model=model, input="hi", dimensions=8).data
     assert len(short.embedding) == 8 and abs(norm(short.embedding) - 1.0) < 1e-5

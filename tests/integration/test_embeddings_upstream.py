@@ -54,9 +54,17 @@ async def test_dimensions_pass_through_and_an_upstream_refusal_names_them(client
     assert caught.value.body["param"] == "dimensions"
 
 
-async def test_token_ids_are_refused_naming_input(client):
+async def test_token_ids_go_to_the_upstream_as_they_are(client):
+    answer = await client.embeddings.create(
+        model="scripted", input=[[1, 2, 3], [40, 5]], encoding_format="float"
+    )
+    assert [d.embedding for d in answer.data] == [
+        pytest.approx(embedding_of("1 2 3")),
+        pytest.approx(embedding_of("40 5")),
+    ]
+    assert answer.usage.prompt_tokens == 5  # the scripted upstream counts an id as a token
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.embeddings.create(model="scripted", input=[[1, 2, 3]])
+        await client.embeddings.create(model="scripted", input=[[1, 2], "mixed"])
     assert caught.value.body["param"] == "input"
 
 

@@ -63,3 +63,17 @@ async def test_refusals_name_the_field(aiohttp_client, loaded, tiny_model_dir):
     for extra, inputs, param in cases:
         status, answer = await embed(client, inputs, **extra)
         assert (status, answer["error"]["param"]) == (400, param), (extra, len(inputs))
+
+
+async def test_token_ids_embed_as_their_text_does(aiohttp_client, loaded, tiny_model_dir):
+    client = await started_worker_app(aiohttp_client, loaded, tiny_model_dir)
+    text = "the cat sat"
+    ids = loaded.tokenizer(text)["input_ids"]  # as the worker tokenizes a text input
+    _, by_text = await embed(client, [text])
+    status, by_ids = await embed(client, [ids, ids[:2]])
+    assert status == 200 and by_ids["prompt_tokens"] == len(ids) + 2
+    assert close(by_ids["data"][0], by_text["data"][0])
+    vocab = loaded.model.config.vocab_size
+    for inputs in ([[vocab]], [[1], "mixed"], [[]], [[-1]]):
+        status, answer = await embed(client, inputs)
+        assert (status, answer["error"]["param"]) == (400, "input"), inputs
