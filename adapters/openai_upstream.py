@@ -33,6 +33,7 @@ from adapters.events import Accepted, Event
 from adapters.framing import SSEDataSplitter
 from adapters.requests import ChatRequest
 from wire.embed_body import Embeddings, EmbedInput
+from wire.share import DEFAULT_SHARE, Share
 
 COUNT_TIMEOUT = aiohttp.ClientTimeout(total=COUNT_TIMEOUT_S)
 _OPTIONAL = (
@@ -202,9 +203,14 @@ class OpenAIUpstreamAdapter:
                 resp.close()
 
     async def embed(
-        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+        self,
+        inputs: list[EmbedInput],
+        dimensions: int | None,
+        request_id: str,
+        share: Share = DEFAULT_SHARE,
     ) -> Embeddings:
-        """The upstream's vectors of `inputs` (its `/embeddings`, as floats) and its usage."""
+        """The upstream's vectors of `inputs` (its `/embeddings`, as floats) and its usage;
+        `share` is for our workers' scheduling, which an upstream has no word for."""
         assert self._session is not None
         body: dict[str, Any] = {
             "model": self.upstream_model,

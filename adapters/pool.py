@@ -46,6 +46,7 @@ from adapters.pool_routing import Router
 from adapters.requests import ChatRequest
 from adapters.retry_budget import RetryBudget, retry_reason
 from wire.embed_body import Embeddings, EmbedInput
+from wire.share import DEFAULT_SHARE, Share
 
 log = structlog.get_logger("sluice.pool")
 RETRIED = (BackendUnavailable, BackendFailed, MemberLost)
@@ -346,7 +347,11 @@ class PoolAdapter(PoolHealth):
         return any(hasattr(m.adapter, "embed") for m in self.members)
 
     async def embed(
-        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+        self,
+        inputs: list[EmbedInput],
+        dimensions: int | None,
+        request_id: str,
+        share: Share = DEFAULT_SHARE,
     ) -> Embeddings:
         """The vectors from a usable member that serves embeddings; on a failure before its
         answer, the next one (the retry budget allowing); a refusal is the request's own."""
@@ -363,7 +368,7 @@ class PoolAdapter(PoolHealth):
             member = self.members[index]
             lease = member.lease(self.clock())
             try:
-                answer = await member.adapter.embed(inputs, dimensions, request_id)
+                answer = await member.adapter.embed(inputs, dimensions, request_id, share)
                 member.answered(lease, self.clock())
                 return answer
             except (BackendUnavailable, BackendFailed) as exc:

@@ -45,6 +45,7 @@ from wire.embed_body import Embeddings, EmbedInput, EmbedRequest, read_embed_ans
 from wire.generate_body import GenerateRequest
 from wire.output_spec import parse_response_format, parse_tools
 from wire.sampling_params import InvalidParam, SamplingParams
+from wire.share import DEFAULT_SHARE, Share
 
 _PASSED_CODES = frozenset(
     {
@@ -245,11 +246,15 @@ class WorkerAdapter:
             resp.close()
 
     async def embed(
-        self, inputs: list[EmbedInput], dimensions: int | None, request_id: str
+        self,
+        inputs: list[EmbedInput],
+        dimensions: int | None,
+        request_id: str,
+        share: Share = DEFAULT_SHARE,
     ) -> Embeddings:
         """The worker's unit vectors of `inputs` (`POST /v1/embed`), in order."""
         assert self._session is not None
-        body = EmbedRequest(request_id, inputs, dimensions).to_json()
+        body = EmbedRequest(request_id, inputs, dimensions, share).to_json()
         try:
             async with self._session.post(
                 f"{self.base_url}/v1/embed",

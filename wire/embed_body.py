@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 
 from wire.api import BadRequest
-from wire.generate_body import parse_request_id
+from wire.generate_body import parse_request_id, parse_share
+from wire.share import DEFAULT_SHARE, Share
 
 MAX_EMBED_INPUTS = 256  # inputs in one call (the gateway refuses more before it asks)
 MAX_DIMENSIONS = 1 << 16  # far above any model's size: only bounds the parsing
@@ -26,9 +27,12 @@ class EmbedRequest:
     request_id: str
     inputs: list[EmbedInput]
     dimensions: int | None = None
+    share: Share = DEFAULT_SHARE  # its tenant, weight and tier, as for a generation
 
     def to_json(self) -> bytes:
         body = {"request_id": self.request_id, "input": self.inputs, "dimensions": self.dimensions}
+        if self.share != DEFAULT_SHARE:
+            body["share"] = self.share.wire()
         return orjson.dumps(body)
 
 
@@ -74,7 +78,7 @@ def parse_embed(body: Any) -> EmbedRequest:
             "dimensions",
             "invalid_type",
         )
-    return EmbedRequest(request_id, inputs, dimensions)
+    return EmbedRequest(request_id, inputs, dimensions, parse_share(body))
 
 
 def read_embed_answer(raw: bytes) -> Embeddings:

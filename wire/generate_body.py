@@ -112,7 +112,7 @@ class GenerateBody:
     prompt: str | tuple[int, ...] | None = None
 
 
-def _share(body: dict[str, Any]) -> Share:
+def parse_share(body: dict[str, Any]) -> Share:
     """Who the request is for; a body without one shares the default tenant's place."""
     value = body.get("share")
     if value is None:
@@ -320,7 +320,7 @@ def parse_generate(body: Any) -> GenerateBody:
         salt,
         continuation,
         shared,
-        _share(body),
+        parse_share(body),
         continue_final,
         prompt,
     )

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from wire.share import DEFAULT_SHARE, Share
+
 
 def hidden_size(model: Any) -> int:
     return int(model.config.hidden_size)
@@ -34,11 +36,13 @@ def hidden_size(model: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingJob:
-    """One input to embed: its token ids and the leading components kept (None: all)."""
+    """One input to embed: its token ids, the leading components kept (None: all), and its
+    caller's share of a saturated engine."""
 
     request_id: str
     prompt_ids: list[int]
     dimensions: int | None = None
+    share: Share = DEFAULT_SHARE  # its tenant, weight and tier (fair_policy.py)
 
 
 @dataclass(frozen=True, slots=True)

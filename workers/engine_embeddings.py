@@ -43,6 +43,7 @@ def embedding_sequence(
         holdback=StopStringHoldback(()),
         generator=None,
         embedding=Pool(pooling, job.dimensions),
+        share=job.share,
     )
 
 

@@ -292,7 +292,8 @@ class WorkerService:
                 )
         call = uuid.uuid4().hex
         jobs = [
-            EmbeddingJob(f"embed-{call}-{i}", ids, body.dimensions) for i, ids in enumerate(prompts)
+            EmbeddingJob(f"embed-{call}-{i}", ids, body.dimensions, body.share)
+            for i, ids in enumerate(prompts)
         ]
         vectors = await self._require_engine().embed(jobs)
         return Embeddings(vectors, sum(len(ids) for ids in prompts))

@@ -23,8 +23,10 @@ from adapters.fallback_route import Route
 from adapters.requests import ChatRequest
 from gateway.app_keys import CATALOG, HEALTH, MODEL_LABEL, ROUTE
 from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
+from gateway.runs.admission import share_for
 from policies.tenants import Tenant
 from wire.embed_body import Embeddings, EmbedInput
+from wire.share import DEFAULT_SHARE, Share
 
 Embed = Callable[[list[str], int | None, str], Awaitable[Embeddings]]
 
@@ -44,6 +46,7 @@ class EmbedPlan:
     candidates: list[Embedder]
     alias: FallbackAdapter | None = None
     route: Route | None = None
+    share: Share = DEFAULT_SHARE  # the tenant's, at its default tier: weighed as its chats are
 
     async def embed(
         self, inputs: list[EmbedInput], dimensions: int | None, call_id: str
@@ -56,7 +59,7 @@ class EmbedPlan:
             if self.route is not None:
                 self.route.trying = candidate.model
             try:
-                answer = await candidate.embed(inputs, dimensions, call_id)
+                answer = await candidate.embed(inputs, dimensions, call_id, self.share)
             except (BackendUnavailable, BackendFailed) as exc:
                 if not self._hand_on(candidate.model, exc, n + 1 == len(self.candidates)):
                     raise
@@ -89,13 +92,15 @@ def embed_plan(request: web.Request, tenant: Tenant, model: str, first: EmbedInp
     if not tenant.allows_model(model):
         raise _not_allowed(f"Your key has no access to model '{model}'.")
     if isinstance(adapter, FallbackAdapter):
-        return _alias_plan(request, tenant, adapter, first)
+        plan = _alias_plan(request, tenant, adapter, first)
+        plan.share = share_for(tenant, None)
+        return plan
     embed = getattr(adapter, "embed", None)
     if embed is None:  # a backend with no embeddings
         raise invalid_request("model", f"Model '{model}' does not serve embeddings.")
     if not request.app[HEALTH].ready(adapter):
         raise overloaded(f"No backend for model '{model}' is ready; retry shortly.")
-    return EmbedPlan([Embedder(model, embed)])
+    return EmbedPlan([Embedder(model, embed)], share=share_for(tenant, None))
 
 
 def _alias_plan(

@@ -10,6 +10,7 @@ import struct
 import orjson
 import pytest
 
+from gateway.app_keys import AUTH as AUTH_KEY
 from gateway.app_keys import LEDGER
 from gateway.embeddings.render import embeddings_object
 from gateway.embeddings.request import parse_embeddings_request
@@ -19,6 +20,7 @@ from tests.support.gateway import AUTH, gateway_app
 from tests.support.waiting import until
 from wire.api import BadRequest
 from wire.embed_body import MAX_EMBED_INPUTS, Embeddings, EmbedRequest, parse_embed
+from wire.share import DEFAULT_SHARE, Share
 
 VECTORS = [[0.6, -0.8, 0.0], [1.0, 0.0, 0.0]]
 
@@ -117,6 +119,29 @@ def test_the_worker_body_round_trips_and_refuses_naming_the_field():
         assert caught.value.param == param
 
 
+def test_the_worker_body_carries_the_callers_share_and_reads_it_back():
+    share = Share("t-digest", 3.0, "flex")
+    body = orjson.loads(EmbedRequest("r", ["a"], None, share).to_json())
+    assert body["share"] == {"tenant": "t-digest", "weight": 3.0, "tier": "flex"}
+    assert parse_embed(body).share == share
+    plain = orjson.loads(EmbedRequest("r", ["a"]).to_json())
+    assert "share" not in plain and parse_embed(plain).share == DEFAULT_SHARE
+    with pytest.raises(BadRequest) as caught:
+        parse_embed({**plain, "share": {"tenant": "t", "weight": -1, "tier": "default"}})
+    assert caught.value.param.startswith("share")
+
+
+async def test_the_tenants_share_reaches_the_backend(aiohttp_client, tmp_path):
+    backend = HeldEmbedder("e")
+    backend.release.set()
+    usage = str(tmp_path / "usage.jsonl")
+    client = await aiohttp_client(gateway_app([backend], usage_file=usage))
+    answer = await client.post("/v1/embeddings", json={"model": "e", "input": "x"}, headers=AUTH)
+    assert answer.status == 200
+    (tenant,) = client.app[AUTH_KEY].config.tenants.values()
+    assert backend.shares == [Share(tenant.digest, 1.0, "default")]
+
+
 class HeldEmbedder(ScriptedAdapter):
     """A scripted backend whose embeddings wait until released (a call in flight)."""
 
@@ -124,8 +149,10 @@ class HeldEmbedder(ScriptedAdapter):
         super().__init__(model, lambda request: [])
         self.asked = asyncio.Event()
         self.release = asyncio.Event()
+        self.shares: list[Share | None] = []
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+    async def embed(self, inputs, dimensions, request_id, share=None) -> Embeddings:
+        self.shares.append(share)
         self.asked.set()
         await self.release.wait()
         return Embeddings([[1.0] for _ in inputs], 3)

@@ -13,6 +13,7 @@ import torch
 
 from tests.support.waiting import until
 from tests.unit.test_paged_engine import assert_no_leaks, encode, prompts, run, submit, text_of
+from wire.share import Share
 from workers.async_engine import AsyncEngine, EmbeddingFailed
 from workers.embedding import EmbeddingJob, PooledLine
 from workers.engine import Engine
@@ -209,3 +210,13 @@ def test_a_pooling_sluicegate_does_not_compute_is_refused_at_start(tiny, tmp_pat
     monkeypatch.setattr(model.config, "_name_or_path", str(tmp_path))
     with pytest.raises(ValueError, match="pooling"):
         Engine(model, tokenizer, block_size=8)
+
+
+def test_an_input_takes_its_callers_share_into_the_schedule(tiny):
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, block_size=8)
+    share = Share("t-digest", 2.0, "flex")
+    engine.add_embedding(EmbeddingJob("e", encode(tokenizer, TEXTS[1]), None, share))
+    assert [s.share for s in engine.scheduler.waiting] == [share]
+    vectors(engine, [])
+    assert_no_leaks(engine)

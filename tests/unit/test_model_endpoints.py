@@ -15,7 +15,7 @@ from wire.embed_body import Embeddings
 class EmbeddingAdapter(ScriptedAdapter):
     """A scripted backend that also serves embeddings."""
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str) -> Embeddings:
+    async def embed(self, inputs, dimensions, request_id, share=None) -> Embeddings:
         return Embeddings([[1.0] for _ in inputs], len(inputs))
 
 

@@ -30,7 +30,7 @@ class EmbeddingMember(Member):
         super().__init__(name)
         self.fail = fail
 
-    async def embed(self, inputs: list[str], dimensions: int | None, request_id: str):
+    async def embed(self, inputs, dimensions, request_id, share=None):
         self.calls.append(inputs)
         if self.fail is not None:
             raise self.fail
