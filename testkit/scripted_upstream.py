@@ -295,16 +295,28 @@ def coalesce(script: list) -> list:
     return merged
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
+async def _recorded(request: web.Request) -> tuple[Record, web.Response | None]:
+    """The request recorded and counted; the answer scripted for its model (`status_for`), if
+    any."""
     state = request.app[STATE]
     body = orjson.loads(await request.read())
     record = Record(body, dict(request.headers))
     state.records.append(record)
     state.stats.requests += 1
+    scripted = state.status_for.get(body.get("model", "scripted"))
+    if scripted is None:
+        return record, None
+    status, payload = scripted
+    return record, web.json_response(payload, status=status)
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    record, refusal = await _recorded(request)
+    if refusal is not None:
+        return refusal
+    body = record.body
     model = body.get("model", "scripted")
-    if model in state.status_for:
-        status, payload = state.status_for[model]
-        return web.json_response(payload, status=status)
     if body.get("continue_final_message") and (
         body.get("add_generation_prompt", True) or not _continues(body)
     ):
@@ -434,14 +446,11 @@ async def legacy_completions(request: web.Request) -> web.StreamResponse:
     (a raw prompt: nothing is continued), recorded as chat requests are. Streams only, as the
     gateway always asks."""
     state = request.app[STATE]
-    body = orjson.loads(await request.read())
-    record = Record(body, dict(request.headers))
-    state.records.append(record)
-    state.stats.requests += 1
+    record, refusal = await _recorded(request)
+    if refusal is not None:
+        return refusal
+    body = record.body
     model = body.get("model", "scripted")
-    if model in state.status_for:
-        status, payload = state.status_for[model]
-        return web.json_response(payload, status=status)
     texts, _ = completion_texts({"max_tokens": body.get("max_tokens")}, state.max_tokens)
     n, top = int(body.get("n") or 1), body.get("logprobs")
     delay = float(state.delay_ms) / 1000

@@ -17,7 +17,7 @@ from typing import Any
 from adapters.requests import ChatRequest
 from gateway.http.errors import invalid_request
 from gateway.protocol import parse_chat_request
-from gateway.token_ids import MAX_TOKEN_ID, all_alike, as_ids, is_token_ids
+from gateway.token_ids import texts_or_ids
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a legacy completion
 MAX_LOGPROBS = 5  # OpenAI's largest `logprobs` for a legacy completion
@@ -92,32 +92,7 @@ class CompletionCall:
 
 def _prompts(body: dict[str, Any]) -> list[Prompt]:
     """The prompts: one string, a list of strings, a list of token ids, a list of such lists."""
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise invalid_request(
-            "prompt", "Missing required parameter: 'prompt'.", code="missing_required_parameter"
-        )
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif is_token_ids(prompt):
-        prompts = [as_ids(prompt)]
-    elif isinstance(prompt, list) and prompt and all_alike(prompt):
-        prompts = [p if isinstance(p, str) else as_ids(p) for p in prompt]
-    else:
-        raise invalid_request(
-            "prompt",
-            "Invalid type for 'prompt': expected a string, an array of strings, an array of "
-            f"token ids (integers from 0 to {MAX_TOKEN_ID}) or an array of such arrays, none "
-            "of them empty.",
-            code="invalid_type",
-        )
-    if any(p == "" for p in prompts):
-        raise invalid_request("prompt", "Invalid 'prompt': a prompt must not be empty.")
-    if len(prompts) > MAX_PROMPTS:
-        raise invalid_request(
-            "prompt", f"Invalid 'prompt': at most {MAX_PROMPTS} prompts per request."
-        )
-    return prompts
+    return texts_or_ids(body.get("prompt"), "prompt", MAX_PROMPTS)
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:

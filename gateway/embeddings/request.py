@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.http.errors import invalid_request
 from gateway.protocol import _integer
-from gateway.token_ids import MAX_TOKEN_ID, all_alike, as_ids, is_token_ids
+from gateway.token_ids import texts_or_ids
 from wire.embed_body import MAX_DIMENSIONS, MAX_EMBED_INPUTS, EmbedInput
 
 ENCODINGS = ("float", "base64")
@@ -25,34 +25,6 @@ class EmbeddingsRequest:
     user: str | None = None
 
 
-def _inputs(value: Any) -> list[EmbedInput]:
-    if value is None:
-        raise invalid_request(
-            "input", "Missing required parameter: 'input'.", code="missing_required_parameter"
-        )
-    if isinstance(value, str):
-        inputs: list[EmbedInput] = [value]
-    elif is_token_ids(value):
-        inputs = [as_ids(value)]
-    elif isinstance(value, list) and value and all_alike(value):
-        inputs = [v if isinstance(v, str) else as_ids(v) for v in value]
-    else:
-        raise invalid_request(
-            "input",
-            "Invalid type for 'input': expected a string, an array of strings, an array of "
-            f"token ids (integers from 0 to {MAX_TOKEN_ID}) or an array of such arrays, none "
-            "of them empty.",
-            code="invalid_type",
-        )
-    if any(v == "" for v in inputs):
-        raise invalid_request("input", "Invalid 'input': a string must not be empty.")
-    if len(inputs) > MAX_EMBED_INPUTS:
-        raise invalid_request(
-            "input", f"Invalid 'input': at most {MAX_EMBED_INPUTS} inputs per request."
-        )
-    return inputs
-
-
 def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
     """The request, or an APIError (400) naming the first field that is wrong."""
     if not isinstance(body, dict):
@@ -62,7 +34,7 @@ def parse_embeddings_request(body: Any) -> EmbeddingsRequest:
         raise invalid_request(
             "model", "Missing required parameter: 'model'.", code="missing_required_parameter"
         )
-    inputs = _inputs(body.get("input"))
+    inputs = texts_or_ids(body.get("input"), "input", MAX_EMBED_INPUTS)
     encoding = body.get("encoding_format")
     encoding = "float" if encoding is None else encoding
     if encoding not in ENCODINGS:
