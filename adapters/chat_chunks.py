@@ -275,14 +275,17 @@ def chunk_events(chunk: Any, n: int = 1) -> list[Event]:
     if "error" in chunk:
         return [ErrorEvent("upstream_error", "The upstream model failed while generating.")]
     events: list[Event] = []
-    for choice in typed(chunk.get("choices"), list, ()):
+    choices = chunk.get("choices")
+    if type(choices) is not list:  # NOTE: the usual chunk skips `typed`'s calls (per chunk)
+        choices = typed(choices, list, ())
+    for choice in choices:
         text = _plain_text(choice, n)
         if text is None:
             _choice_events(typed(choice, dict, {}), n, events)
         elif text:
             events.append(TextDelta(text, choice.get("index", 0)))
-    usage = typed(chunk.get("usage"), dict)
-    if usage:
+    usage = chunk.get("usage")
+    if usage is not None and (usage := typed(usage, dict)):
         prompt = typed(usage.get("prompt_tokens"), int, 0)
         events.append(Usage(prompt, typed(usage.get("completion_tokens"), int, 0)))
     return events

@@ -59,6 +59,7 @@ class Lease:
     """One request streaming from one member: the pool can interrupt its read to move it."""
 
     __slots__ = (
+        "_interrupted",
         "_reading",
         "evicted",
         "faulted",
@@ -79,19 +80,23 @@ class Lease:
         # when a member without stats last sent this stream something, once it is mid-stream:
         # the pool's probe round moves a stream silent for the stall timeout (None: not watched)
         self.heard: float | None = None
-        self._reading: asyncio.Timeout | None = None
+        self._reading: asyncio.Task[Any] | None = None  # the task inside `read`, while it is
+        self._interrupted = False  # `evict` cancelled that read
 
     async def read(self, events: Any) -> Any:
         """The member's next batch; MemberLost when the member was taken out, also while
         waiting on it. StopAsyncIteration at the end, as `anext`."""
         if self.evicted:
             raise MemberLost(self.member.name)
+        # NOTE: `evict` cancels the reading task, and only a cancel of its own becomes
+        # MemberLost (another cancel, counted past the ones before, goes on up): what
+        # `asyncio.timeout` does, without its object and handle on every batch of every stream.
+        task = self._reading = asyncio.current_task()
+        cancels_before = task.cancelling()
         try:
-            async with asyncio.timeout(None) as reading:
-                self._reading = reading
-                return await anext(events)
-        except TimeoutError:
-            if self.evicted:
+            return await anext(events)
+        except asyncio.CancelledError:
+            if self._interrupted and task.uncancel() <= cancels_before:
                 raise MemberLost(self.member.name) from None
             raise
         finally:
@@ -100,8 +105,9 @@ class Lease:
     def evict(self) -> None:
         """Interrupt the read now (it is waiting on a member that will not answer)."""
         self.evicted = True
-        if self._reading is not None:
-            self._reading.reschedule(asyncio.get_running_loop().time())
+        if self._reading is not None and not self._interrupted:
+            self._interrupted = True
+            self._reading.cancel()
 
 
 @dataclass(slots=True)

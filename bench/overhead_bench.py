@@ -186,6 +186,10 @@ def summarise(delay: float, concurrency: int, runs: list[dict]) -> dict:
                 row[f"{t}_over_floor_{q}_ms"] = over
         row[f"{t}_cpu"] = med(lambda r, t=t: r[t]["cpu"])
         row[f"{t}_rss_mb"] = med(lambda r, t=t: r[t]["rss_mb"])
+        # the ratio targets (design: read against the floor and direct of the same repeat)
+        row[f"{t}_direct_rate"] = med(lambda r, t=t: r[t]["chunks_s"] / r["direct"]["chunks_s"])
+        if FLOOR in runs[0]:
+            row[f"{t}_cpu_over_floor"] = med(lambda r, t=t: r[t]["cpu"] / r[FLOOR]["cpu"])
     if "gw-redis" in runs[0]:  # the Redis store against the in-process one, paired per repeat
         row["redis_cpu_ratio"] = med(lambda r: r["gw-redis"]["cpu"] / r["gateway"]["cpu"])
         row["redis_added_ttft_p50_ms"] = med(

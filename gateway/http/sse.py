@@ -55,6 +55,20 @@ class Framing(Protocol):
         """An OpenAI error object as this protocol's error frame."""
 
 
+def write_now(response: web.StreamResponse, body: bytes) -> None:
+    """`await response.write(body)` run to its first suspension and no further: the bytes are
+    in the transport at once. aiohttp's write suspends only after writing, to wait for a full
+    socket buffer to drain (the responses here are never compressed, the one case that would
+    suspend first); that wait is skipped, so the caller looks at the buffer before its next
+    write. Cheaper than awaiting it: no coroutine step through the event loop."""
+    step = response.write(body)
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+
+
 class SlowClient(ConnectionError):
     """The client took no bytes for longer than the write timeout."""
 
@@ -121,27 +135,37 @@ class SSEWriter:
 
     async def send(self, events: LogEvents, preamble: bytes = b"") -> None:
         """Frame each (seq, chunk) event and write them all at once, after `preamble`."""
-        if self._framing is not None:
-            await self._send_framed(events, preamble)
-            return
-        if len(events) == 1:  # a live stream's usual write: one event, framed directly
-            seq, payload = events[0][0], events[0][1]
-            self.last_seq = seq
-            await self._write(preamble + b"id: %d\ndata: %b\n\n" % (seq, payload))
-            return
-        if events:
-            self.last_seq = events[-1][0]
-        frames = [b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events]
-        if preamble or frames:
-            await self._write(preamble + b"".join(frames))
-
-    async def _send_framed(self, events: LogEvents, preamble: bytes) -> None:
-        if events:
-            self.last_seq = events[-1][0]
-        frame = self._framing.frame
-        body = preamble + b"".join([frame(e[0], e[1]) for e in events])
-        if body:
+        if body := self._body(events, preamble):
             await self._write(body)
+
+    @property
+    def ready(self) -> bool:
+        """The client has taken every byte written so far: a write now cannot wait."""
+        transport = self._transport
+        return (
+            not self.behind
+            and transport is not None
+            and not transport.is_closing()
+            and transport.get_write_buffer_size() == 0
+        )
+
+    def send_now(self, events: LogEvents) -> None:
+        """`send` for a client that is `ready`, without a suspension: the run's driver writes a
+        caught-up stream's events this way as it appends them (gateway/runs/follow.py)."""
+        if body := self._body(events, b""):
+            self._last_write = time.monotonic()
+            write_now(self._response, body)
+            self.behind = self._transport.get_write_buffer_size() > 0
+
+    def _body(self, events: LogEvents, preamble: bytes) -> bytes:
+        if events:
+            self.last_seq = events[-1][0]
+        if self._framing is not None:
+            frame = self._framing.frame
+            return preamble + b"".join([frame(e[0], e[1]) for e in events])
+        if len(events) == 1:  # a live stream's usual write: one event, framed directly
+            return preamble + b"id: %d\ndata: %b\n\n" % (events[0][0], events[0][1])
+        return preamble + b"".join([b"id: %d\ndata: %b\n\n" % (e[0], e[1]) for e in events])
 
     async def send_error(self, error: dict) -> None:
         """An error that is not an event of the run (it gets no id)."""
@@ -169,12 +193,13 @@ class SSEWriter:
         # high-water mark but resumes only at the low-water mark, so a buffer between the two
         # may still be paused: only at or under the low mark can the timeout's timer (pure cost
         # on every frame of a healthy stream) be skipped.
-        if (
-            self._write_timeout is None
-            or transport is None
-            or transport.get_write_buffer_size() + len(body)
-            <= transport.get_write_buffer_limits()[0]
+        if transport is None:
+            await self._response.write(body)
+        elif (
+            transport.get_write_buffer_size() + len(body) <= transport.get_write_buffer_limits()[0]
         ):
+            write_now(self._response, body)  # NOTE: it cannot wait; no coroutine, no timer
+        elif self._write_timeout is None:
             await self._response.write(body)
         else:
             try:

@@ -52,6 +52,27 @@ class Frames(Protocol):
         """The events that end the stream of a run that ended so."""
 
 
+class _Delivery:
+    """The stream's `Deliver` (gateway/state/run_store.py): once its writer is open and its
+    client has taken every byte so far, a batch the run's driver appends is framed and written
+    in the driver's own step, so a stream that keeps up costs no wake-up of its task and no read
+    of the log per batch. Otherwise (a client behind, a write that fails) the stream's task is
+    woken and reads the batch itself, as it would without this."""
+
+    __slots__ = ("frames", "writer")
+
+    def __init__(self, frames: Frames) -> None:
+        self.frames = frames
+        self.writer: SSEWriter | None = None  # set once the stream's headers are out
+
+    def __call__(self, events: LogEvents) -> bool:
+        writer = self.writer
+        if writer is None or not writer.ready:
+            return False
+        writer.send_now(self.frames.batch(events, False))
+        return True
+
+
 @contextlib.asynccontextmanager
 async def following(runs: RunManager, run_id: str) -> AsyncIterator[None]:
     """Count this request as a follower of the run while inside, however it leaves."""
@@ -123,9 +144,10 @@ async def _follow(
     app = request.app
     runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
     run_id = record.run_id
+    delivery = _Delivery(frames)
     async with (
         following(runs, run_id),
-        contextlib.aclosing(runs.follow(run_id, frames.start, FOLLOW_BATCH)) as events,
+        contextlib.aclosing(runs.follow(run_id, frames.start, FOLLOW_BATCH, delivery)) as events,
     ):
         # NOTE: the answer waits for the run's first events (so that a run refused before any,
         # a 400 from the worker say, is still a plain HTTP error), but only up to one heartbeat
@@ -153,6 +175,7 @@ async def _follow(
                     await _fell_behind(writer)
                 else:
                     pending = None if first_read.done() else first_read
+                    delivery.writer = writer
                     await _relay(runs, run_id, events, writer, frames, pending)
             finally:
                 metrics.active_streams.dec()

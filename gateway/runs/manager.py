@@ -27,6 +27,7 @@ from gateway.runs.spec import RunSpec
 from gateway.runs.stages import build_stages
 from gateway.runs.status import RunStatus
 from gateway.state.run_store import (
+    Deliver,
     LogEvents,
     RunRecord,
     RunStore,
@@ -231,9 +232,13 @@ class RunManager:
     async def followers(self, run_id: str) -> int:
         return await self.store.followers(run_id)
 
-    async def follow(self, run_id: str, after: int = 0, limit: int = 0) -> AsyncIterator[LogEvents]:
+    async def follow(
+        self, run_id: str, after: int = 0, limit: int = 0, deliver: Deliver | None = None
+    ) -> AsyncIterator[LogEvents]:
         """Events with seq > after, in order, as they come, until the run has ended and every
-        event was read. Raises ResumeWindowExpired if `after` is no longer retained."""
+        event was read. Raises ResumeWindowExpired if `after` is no longer retained. While the
+        follower is caught up on a run driven here, new events go to `deliver` as the driver
+        appends them (for as long as it takes them) and are not yielded."""
         check_every = None if self.lease_ttl is None else self.lease_ttl / 2
         events = await self._patiently(self.store.read, run_id, after, limit)
         while True:
@@ -241,15 +246,16 @@ class RunManager:
                 after = events[-1][0]
                 yield events
                 # NOTE: wait first, read after: a live follower then costs one wake-up and one
-                # read per batch the driver appends, not an extra empty read and record fetch.
-                await self._patiently(self._wait, run_id, after, check_every)
+                # read per batch the driver appends, not an extra empty read and record fetch;
+                # and none at all while `deliver` takes the batches.
+                after = await self._patiently(self._wait, run_id, after, check_every, deliver)
                 events = await self._patiently(self.store.read, run_id, after, limit)
                 continue
             record = await self._patiently(self.get, run_id)
             if record.status.is_terminal and record.last_seq <= after:
                 return
             if record.last_seq <= after:
-                await self._patiently(self._wait, run_id, after, check_every)
+                after = await self._patiently(self._wait, run_id, after, check_every, deliver)
             events = await self._patiently(self.store.read, run_id, after, limit)
 
     async def result(self, run_id: str) -> TerminalRecord:
@@ -266,15 +272,19 @@ class RunManager:
         `patiently`'s coroutine itself: a follower makes two of these per chunk it relays."""
         return patiently(self.health, self.outage_grace, call, *args)
 
-    async def _wait(self, run_id: str, after: int, within: float | None) -> None:
+    async def _wait(
+        self, run_id: str, after: int, within: float | None, deliver: Deliver | None = None
+    ) -> int:
+        """The store's wait; returns the last seq `deliver` took (`after` when none)."""
         # NOTE: `within` bounds a wait so a run whose owner died is noticed; a run driven here
-        # has no lease to check, and its followers wake on every batch: no timer per wait.
+        # has no lease to check, and its followers wake on every batch: no timer per wait. Only
+        # such a run's events can be delivered (a bounded wait that ran out would lose them).
         if within is None or run_id in self.drivers:
-            await self.store.wait(run_id, after)
-            return
+            return await self.store.wait(run_id, after, deliver)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within):
                 await self.store.wait(run_id, after)
+        return after
 
     async def _grace_over(self, run_id: str) -> None:
         self._grace.pop(run_id, None)

@@ -6,7 +6,7 @@ a Redis backend. The store owns run state; the run driver and the HTTP handlers 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any, Protocol
@@ -42,6 +42,9 @@ Chunk = tuple[bytes, str | None, int]
 # The same as kept and read back, numbered: (seq, payload, text, index), one tuple an event.
 LogEvent = tuple[int, bytes, str | None, int]
 LogEvents = list[LogEvent]  # in seq order
+# A caught-up follower in this process that can take new events as they are appended, without
+# waiting (its client's socket has room): True if it took them, False to be woken to read them.
+Deliver = Callable[[LogEvents], bool]
 
 
 def log_chunk(payload: bytes, text: str | None = None, index: int = 0) -> Chunk:
@@ -134,9 +137,11 @@ class RunStore(Protocol):
         """Retained events with seq > after, in order (at most `limit`, 0 = all); raises
         ResumeWindowExpired."""
 
-    async def wait(self, run_id: str, after: int) -> None:
+    async def wait(self, run_id: str, after: int, deliver: Deliver | None = None) -> int:
         """Return once an event with seq > after exists or the run ended (callers bound it with
-        `asyncio.timeout` to check on the run's owner meanwhile)."""
+        `asyncio.timeout` to check on the run's owner meanwhile). A store that appends in this
+        process may hand new events to `deliver` as they are appended instead of waking the
+        caller; returns the last seq `deliver` took (`after` when none)."""
 
     async def add_follower(self, run_id: str, delta: int) -> int:
         """Count one of this replica's followers in (+1) or out (-1); returns the followers

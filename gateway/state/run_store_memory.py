@@ -24,6 +24,7 @@ from gateway.runs.status import RunStatus, can_advance
 from gateway.state.compact_log import CompactLog
 from gateway.state.run_store import (
     Chunk,
+    Deliver,
     LogClosed,
     LogEvent,
     LogEvents,
@@ -36,14 +37,39 @@ from gateway.state.run_store import (
 EVENT_OVERHEAD = 120  # bytes a live event costs beyond its payload (tuple, int, chunk, bytes)
 
 
+class _Waiter:
+    """A follower waiting for events after `after`; one with `deliver` takes them as they come
+    for as long as it can (its position moves on), and is woken only when it cannot."""
+
+    __slots__ = ("after", "deliver", "woken")
+
+    def __init__(self, after: int, deliver: Deliver | None) -> None:
+        self.after = after
+        self.deliver = deliver
+        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def offer(self, fresh: LogEvents) -> bool:
+        """Hand the events just appended to `deliver`: True if it took them."""
+        if self.deliver is None or self.after != fresh[0][0] - 1:
+            return False
+        try:
+            took = self.deliver(fresh)
+        except Exception:  # NOTE: the appending driver must never fail for a follower's sake
+            return False
+        if took:
+            self.after = fresh[-1][0]
+        return took
+
+
 @dataclass(slots=True)
 class _Entry:
     record: RunRecord
     events: deque[LogEvent] | CompactLog = field(default_factory=deque)  # packed once ended, unread
-    # NOTE: one bare future per waiting follower, woken and dropped by the next change: an
-    # append nobody waits for costs nothing, and a wake-up is one `set_result` (an Event made
-    # and dropped per append cost an object, its deque and a future on every chunk).
-    waiters: list[asyncio.Future[None]] | None = None
+    # NOTE: one waiter per waiting follower, woken and dropped by the next change (or kept, if
+    # it took the change itself): an append nobody waits for costs nothing, and a wake-up is one
+    # `set_result` (an Event made and dropped per append cost an object, its deque and a future
+    # on every chunk).
+    waiters: list[_Waiter] | None = None
     followers: int = 0
     event_bytes: int = 0
 
@@ -82,13 +108,22 @@ class MemoryRunStore:
             raise UnknownRun(run_id)
         return entry
 
-    def _notify(self, entry: _Entry) -> None:
+    def _notify(self, entry: _Entry, fresh: LogEvents | None = None) -> None:
+        """Wake the run's waiters, except those that took the `fresh` events themselves."""
         waiters = entry.waiters
-        if waiters is not None:
-            entry.waiters = None
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        if waiters is None:
+            return
+        entry.waiters = None
+        for waiter in waiters:
+            if waiter.woken.done():
+                continue
+            if fresh and waiter.offer(fresh):
+                if entry.waiters is None:
+                    entry.waiters = [waiter]
+                else:
+                    entry.waiters.append(waiter)
+            else:
+                waiter.woken.set_result(None)
 
     async def create(self, record: RunRecord) -> None:
         self._expire()
@@ -128,9 +163,14 @@ class MemoryRunStore:
         entry = self._entry(run_id)
         if entry.record.status.is_terminal:
             raise LogClosed(run_id)
+        before = entry.record.last_seq
         seq = self._append(entry, chunks)
-        if chunks:
-            self._notify(entry)
+        if chunks and entry.waiters is not None:
+            # NOTE: the appended events are the log's last ones (none is trimmed: the newest
+            # always stay), read from its end only when somebody waits to take them
+            events = entry.events
+            fresh = min(seq - before, len(events))
+            self._notify(entry, [events[i] for i in range(-fresh, 0)])
         return seq
 
     def _pack(self, entry: _Entry) -> None:
@@ -179,22 +219,26 @@ class MemoryRunStore:
             return events.slice(start, stop)
         return [events[i] for i in range(start, stop)]
 
-    async def wait(self, run_id: str, after: int) -> None:
+    async def wait(self, run_id: str, after: int, deliver: Deliver | None = None) -> int:
         entry = self._entry(run_id)
         while not (entry.record.last_seq > after or entry.record.status.is_terminal):
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = _Waiter(after, deliver)
             if entry.waiters is None:
                 entry.waiters = [waiter]
             else:
                 entry.waiters.append(waiter)
             try:
-                await waiter
-            except asyncio.CancelledError:  # a bounded wait ran out: leave no future behind
+                await waiter.woken
+            except asyncio.CancelledError:  # a bounded wait ran out: leave no waiter behind
                 if entry.waiters is not None and waiter in entry.waiters:
                     entry.waiters.remove(waiter)
                 raise
-            if self._runs.get(run_id) is not entry:
-                raise UnknownRun(run_id)  # discarded while waiting
+            if self._runs.get(run_id) is not entry:  # discarded while waiting
+                if waiter.after == after:
+                    raise UnknownRun(run_id)
+                return waiter.after  # what it took stands; its next read finds the run gone
+            after = waiter.after
+        return after
 
     def has(self, run_id: str) -> bool:
         return run_id in self._runs

@@ -22,6 +22,7 @@ from gateway.runs.status import RunStatus
 from gateway.state.redis_writes import WriteBehind
 from gateway.state.run_store import (
     Chunk,
+    Deliver,
     LogClosed,
     LogEvents,
     RunRecord,
@@ -116,16 +117,16 @@ class MirroredRunStore:
             return await self.local.read(run_id, after, limit)
         return await self.shared.read(run_id, after, limit)
 
-    async def wait(self, run_id: str, after: int) -> None:
+    async def wait(self, run_id: str, after: int, deliver: Deliver | None = None) -> int:
         if self.local.has(run_id):
             try:
-                await self.local.wait(run_id, after)
+                after = await self.local.wait(run_id, after, deliver)
             except UnknownRun:
                 pass  # dropped while waiting: fall through to Redis
             else:
                 if self.local.has(run_id):
-                    return
-        await self.shared.wait(run_id, after)
+                    return after
+        return await self.shared.wait(run_id, after)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
         if not self.local.has(run_id):

@@ -33,6 +33,7 @@ from gateway.state.redis_scripts import (
 )
 from gateway.state.run_store import (
     Chunk,
+    Deliver,
     LogClosed,
     LogEvent,
     LogEvents,
@@ -238,7 +239,8 @@ class RedisRunStore:
             raise ResumeWindowExpired(run_id)
         return [_event(eid, fields) for eid, fields in entries]
 
-    async def wait(self, run_id: str, after: int) -> None:
+    async def wait(self, run_id: str, after: int, deliver: Deliver | None = None) -> int:
+        """As the protocol says; events come from Redis, so `deliver` is never offered any."""
         key, _, channel, _ = self._keys(run_id)
         notifier = self.notifier
         async with notifier.watching(channel) as changed:
@@ -253,7 +255,7 @@ class RedisRunStore:
                         channel, _ENDED if int(status) >= TERMINAL else int(last_seq)
                     )
                 if latest > after:
-                    return
+                    return after
                 try:
                     async with asyncio.timeout(_POLL):
                         await changed.wait()

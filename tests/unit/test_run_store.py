@@ -103,6 +103,73 @@ async def test_followers_wake_on_append_and_on_finish(store):
     await asyncio.wait_for(waiter, 1)
 
 
+class Taker:
+    """A follower's `deliver`: takes what it is offered until told to decline (or to fail)."""
+
+    def __init__(self) -> None:
+        self.took: list = []
+        self.declines = False
+        self.fails = False
+
+    def __call__(self, events) -> bool:
+        if self.fails:
+            raise ConnectionResetError("the client went away")
+        if self.declines:
+            return False
+        self.took += events
+        return True
+
+
+async def test_a_caught_up_follower_takes_appends_itself_until_it_declines(store):
+    run = await new_run(store)
+    taker = Taker()
+    waiter = asyncio.create_task(store.wait(run, 0, taker))
+    await asyncio.sleep(0.01)  # NOTE: that it does not return early can only be seen over time
+    await store.append(run, ev(b"a", b"b"))
+    await store.append(run, ev(b"c"))
+    if isinstance(store, RedisRunStore):  # events come back from Redis: never delivered
+        assert await asyncio.wait_for(waiter, 1) == 0 and taker.took == []
+        return
+    assert not waiter.done()  # it took both batches without waking
+    assert taker.took == log_of((1, b"a"), (2, b"b"), (3, b"c"))
+    taker.declines = True
+    await store.append(run, ev(b"d"))
+    assert await asyncio.wait_for(waiter, 1) == 3  # what it took; "d" it reads itself
+    assert await store.read(run, 3) == log_of((4, b"d"))
+
+
+async def test_a_follower_whose_delivery_fails_is_woken_and_loses_nothing(store):
+    run = await new_run(store)
+    taker = Taker()
+    waiter = asyncio.create_task(store.wait(run, 0, taker))
+    await asyncio.sleep(0.01)  # NOTE: as above
+    await store.append(run, ev(b"a"))
+    taker.fails = True
+    await store.append(run, ev(b"b"))  # the appending driver is not failed by its follower
+    taken = await asyncio.wait_for(waiter, 1)
+    assert taken == (0 if isinstance(store, RedisRunStore) else 1)
+    assert await store.read(run, taken) == log_of((1, b"a"), (2, b"b"))[taken:]
+    finished = asyncio.create_task(store.wait(run, 2, Taker()))
+    await asyncio.sleep(0.01)  # NOTE: as above
+    await store.finish(run, TerminalRecord(RunStatus.COMPLETED, "completed"))
+    assert await asyncio.wait_for(finished, 1) == 2  # the ending wakes a taker too
+
+
+async def test_a_run_forgotten_under_a_taker_keeps_what_it_took():
+    store = MemoryRunStore()
+    run = await new_run(store)
+    untaken = asyncio.create_task(store.wait(run, 0))
+    taker = Taker()
+    taking = asyncio.create_task(store.wait(run, 0, taker))
+    await asyncio.sleep(0.01)  # NOTE: as above
+    await store.append(run, ev(b"a"))
+    await asyncio.wait_for(untaken, 1)
+    store.discard(run)
+    assert await asyncio.wait_for(taking, 1) == 1  # not UnknownRun: "a" went out
+    with pytest.raises(UnknownRun):
+        await store.read(run, 1)
+
+
 async def test_the_winning_finish_appends_its_final_event_the_loser_nothing(store):
     run = await new_run(store)
     await store.append(run, ev(b"a"))

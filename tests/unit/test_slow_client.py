@@ -236,6 +236,29 @@ async def test_a_client_that_keeps_up_gets_every_event_even_from_a_burst(aiohttp
     assert stream_text(stream_payloads(raw)) == "a" + "".join(d.text for d in burst)
 
 
+async def test_a_client_that_keeps_up_is_written_by_the_driver_without_log_reads(aiohttp_client):
+    count = 400
+    app = gateway_app(adapters=[ScriptedAdapter("scripted", flood(count))])
+    client = await aiohttp_client(app)
+    store = client.app[RUNS].store
+    reads = 0
+    read = store.read
+
+    async def counted_read(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await read(*args, **kwargs)
+
+    store.read = counted_read
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True), headers=AUTH)
+    raw = await resp.read()
+    assert stream_text(stream_payloads(raw)) == full_text(count)
+    ids = [int(e.id) for e in sse_events(raw)[:-1]]
+    assert ids == list(range(1, count + 3))  # role, every piece, finish: in order, none twice
+    # NOTE: a stream woken per batch would read the log once per piece; the driver wrote them
+    assert reads < count // 4, reads
+
+
 class _PausedTransport:
     """A socket whose writing is paused with 30 KiB still queued: past the low-water mark, under
     the high one. asyncio resumes a paused writer only once its buffer falls to the low-water
