@@ -145,61 +145,61 @@ async def _follow(
     runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
     run_id = record.run_id
     delivery = _Delivery(frames)
-    async with (
-        following(runs, run_id),
-        contextlib.aclosing(runs.follow(run_id, frames.start, FOLLOW_BATCH, delivery)) as events,
-    ):
+
+    def follow() -> AsyncIterator[LogEvents]:
+        return runs.follow(run_id, frames.start, FOLLOW_BATCH, delivery)
+
+    async with following(runs, run_id), contextlib.AsyncExitStack() as closing:
         # NOTE: the answer waits for the run's first events (so that a run refused before any,
         # a 400 from the worker say, is still a plain HTTP error), but only up to one heartbeat
-        # interval: a run stuck in a queue gets its headers and pings meanwhile.
-        first_read = asyncio.ensure_future(anext(events, None))
+        # interval: a run stuck in a queue gets its headers and pings meanwhile. The stream's
+        # own task waits on the log, so the first events wake it once: a read in a task of its
+        # own, shielded from the timeout, cost two more turns of a busy loop per first token.
+        events = await closing.enter_async_context(contextlib.aclosing(follow()))
+        first, outran, waited = await _first_events(events, settings.ping_interval, resume)
+        if answer_refusal and first is None and not outran:  # the log ended with no event
+            terminal = (await runs.get(run_id)).terminal
+            if terminal is not None and terminal.refused:
+                raise terminal_error(terminal)
+        writer = await SSEWriter.open(
+            request,
+            settings.ping_interval,
+            headers,
+            first=None if outran else frames.first(first or []),
+            write_timeout=settings.slow_client_timeout or None,
+            framing=framing,
+        )
+        begun.append(writer)
+        app[OPEN_STREAMS].add(asyncio.current_task())
+        metrics.active_streams.inc()
         try:
-            first, outran = await _first_events(first_read, settings.ping_interval, resume)
-            if answer_refusal and first is None and not outran and first_read.done():
-                terminal = (await runs.get(run_id)).terminal
-                if terminal is not None and terminal.refused:
-                    raise terminal_error(terminal)
-            writer = await SSEWriter.open(
-                request,
-                settings.ping_interval,
-                headers,
-                first=None if outran else frames.first(first or []),
-                write_timeout=settings.slow_client_timeout or None,
-                framing=framing,
-            )
-            begun.append(writer)
-            app[OPEN_STREAMS].add(asyncio.current_task())
-            metrics.active_streams.inc()
-            try:
-                if outran:
-                    await _fell_behind(writer)
-                else:
-                    pending = None if first_read.done() else first_read
-                    delivery.writer = writer
-                    await _relay(runs, run_id, events, writer, frames, pending)
-            finally:
-                metrics.active_streams.dec()
-                metrics.client_blocked.observe(writer.blocked)
+            if outran:
+                await _fell_behind(writer)
+                return
+            if waited:  # the timeout ended that read: follow on from the same place
+                events = await closing.enter_async_context(contextlib.aclosing(follow()))
+            delivery.writer = writer
+            await _relay(runs, run_id, events, writer, frames)
         finally:
-            if not first_read.done():  # its task must end before the log is closed
-                first_read.cancel()
-                await asyncio.wait([first_read])
+            metrics.active_streams.dec()
+            metrics.client_blocked.observe(writer.blocked)
 
 
 async def _first_events(
-    read: asyncio.Future[LogEvents | None], wait: float, resume: bool
-) -> tuple[LogEvents | None, bool]:
-    """(the first events, or None if none came within `wait`; whether the run outran its log
-    before this request read it). A resume raises ResumeWindowExpired instead."""
+    events: AsyncIterator[LogEvents], wait: float, resume: bool
+) -> tuple[LogEvents | None, bool, bool]:
+    """(the first events, None when the log ended without any; whether the run outran its log
+    before this request read it; whether none came within `wait`, which ended `events` with
+    nothing read). A resume raises ResumeWindowExpired instead of outrunning."""
     try:
         async with asyncio.timeout(wait or None):
-            return await asyncio.shield(read), False
+            return await anext(events, None), False, False
     except TimeoutError:
-        return None, False
+        return [], False, True
     except ResumeWindowExpired:
         if resume:
             raise
-        return None, True
+        return None, True, False
 
 
 async def _relay(
@@ -208,12 +208,9 @@ async def _relay(
     events: AsyncIterator[LogEvents],
     writer: SSEWriter,
     frames: Frames,
-    first_read: asyncio.Future[LogEvents | None] | None = None,
 ) -> None:
-    """Send everything until the run's log ends; `first_read` is a first read still pending."""
+    """Send everything until the run's log ends."""
     try:
-        if first_read is not None and (batch := await first_read):
-            await writer.send(frames.batch(batch, False))
         async for batch in events:
             # NOTE: only a client whose last write waited has a backlog to merge; a long read
             # for one that keeps up (an upstream burst, a replay) goes out event by event.
