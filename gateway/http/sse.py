@@ -61,6 +61,8 @@ def write_now(response: web.StreamResponse, body: bytes) -> None:
     socket buffer to drain (the responses here are never compressed, the one case that would
     suspend first); that wait is skipped, so the caller looks at the buffer before its next
     write. Cheaper than awaiting it: no coroutine step through the event loop."""
+    if response.compression:  # its write would suspend before writing: never skip it
+        raise RuntimeError("a compressed stream cannot be written without waiting")
     step = response.write(body)
     try:
         step.send(None)
