@@ -3,10 +3,10 @@
 # step's time goes and how many launches it takes with CUDA graphs and without
 # (workers/decode_graphs.py), whether its greedy tokens are `generate`'s (graphs on, the
 # default), and bench/engine_throughput.py's rows d (graphs), d-eager (no graphs) and c
-# (transformers CB) in bfloat16 at c = 1, 32, 64. The engine's own Llama pass against the module
-# forward (bench/step_ops.py) and the step-time target's price (rows d, d-fixed with
-# --step-time-target 0.05) were measured in an earlier session (docs/performance/history.md)
-# and are left out to keep the run short.
+# (transformers CB) in bfloat16 at c = 1, 32, 64, and last the step-time target under Poisson
+# arrivals with launches priced apart (rows d, d-fixed). The engine's own Llama pass against the
+# module forward (bench/step_ops.py) was measured in an earlier run
+# (docs/performance/history.md) and is left out to keep the run short.
 #
 #   bash bench/gpu_session.sh LIKE OUT
 #
@@ -54,3 +54,11 @@ echo "== engine_throughput, smollm2-1.7b"
 timeout 130 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-1.7b" \
     --rows d,d-eager --dtype bfloat16 --concurrency 1,32,64 \
     --json "$OUT/smollm2-1.7b.json" 2>"$OUT/smollm2-1.7b.err" | tee "$OUT/smollm2-1.7b.txt"
+
+# the step-time target on CUDA with launches priced apart (workers/step_time.py): a replayed
+# decode step teaches only the cadence; d-fixed (no target) beside it, Poisson arrivals
+echo "== step-time target, smollm2-135m, Poisson arrivals"
+timeout 60 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-135m" \
+    --rows d,d-fixed --dtype bfloat16 --concurrency 32 --arrivals poisson --rate 40 \
+    --requests 64 --step-time-target 0.05 \
+    2>"$OUT/step-target.err" | tee "$OUT/step-target.txt"

@@ -252,6 +252,7 @@ class Engine:
                 self.scheduler.computed([(s, n) for s, n in scheduled.work if not s.draft])
                 self._sample_and_postprocess(result.samplers, result.logits, outputs)
                 pool_chunks(result, self.live, outputs)
+                scheduled.replayed = result.replayed
                 self.scheduler.step_ended(scheduled)  # the sampled tokens are on the host now
         self.speculator.discard()  # the drafts of sequences that failed in this step
         self._last_step_ended = time.monotonic()

@@ -130,6 +130,7 @@ class StepResult:
     logits: torch.Tensor | None = None
     pooled: list[tuple[SequenceState, int, int]] = field(default_factory=list)
     hidden: torch.Tensor | None = None
+    replayed: bool = False  # one CUDA graph launch ran the step (decode_graphs.py), no eager pass
 
 
 def _is_decode(seq: SequenceState, new: int) -> bool:
@@ -215,7 +216,8 @@ class ModelRunner:
         sequence keeps its row and the positions this step writes only to blocks are copied in
         when an eager step next decodes it; a sequence gone is freed."""
         self.rows.arrange([], [(s, 1) for s in decodes])
-        return StepResult(decodes, logits=self.graphs.run(decodes))
+        logits = self.graphs.run(decodes)
+        return StepResult(decodes, logits=logits, replayed=self.graphs.plan.capture)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table

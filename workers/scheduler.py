@@ -68,6 +68,7 @@ class ScheduledStep:
     # False: prefill took the whole budget beside decodes that had not settled (step_time.py)
     shaped: bool = True
     drafts: int = 0  # speculative draft tokens added after the schedule (in `work`'s counts)
+    replayed: bool = False  # it ran as one CUDA graph replay, not eagerly (decode_graphs.py)
 
     @property
     def num_tokens(self) -> int:
@@ -225,7 +226,9 @@ class Scheduler:
     def step_ended(self, step: ScheduledStep) -> None:
         """The step's results are back on the host: the step-time target learns its cost."""
         if self.step_budget is not None and step.work:
-            self.step_budget.ended(step.num_tokens, step.decodes, step.shaped, step.drafts)
+            self.step_budget.ended(
+                step.num_tokens, step.decodes, step.shaped, step.drafts, step.replayed
+            )
 
     def _prefill_room(self, decode_tokens: int, budget: int, prompts: int, settled: int) -> int:
         if self.step_budget is None:

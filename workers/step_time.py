@@ -8,6 +8,14 @@ the model, the batch's context lengths and a busy machine without a calibration 
 prefill chunks get the time left under the target. The clock is injected (tests drive a fake
 one); the engine times a step on the host around the point where the sampled tokens are read
 back anyway, so timing never adds a device sync.
+
+Launches are priced apart from tokens. On a GPU a decode-only step replays one CUDA graph
+(decode_graphs.py) while a step with prefill or drafts runs eagerly and launches every kernel
+itself, a fixed part ten times the replay's for a small model. The fit is the eager steps' alone:
+a replayed step teaches only the cadence (the gap streams see). Fitted through both, one line
+read the replays' jump to an eager step as per-token cost and shrank each prompt's chunk below
+the last, so each eager step paid the launches for a few tokens (and a draft looked as cheap as
+a replay). On a CPU nothing is replayed and the fit is every step's, as before.
 """
 
 from __future__ import annotations
@@ -189,11 +197,19 @@ class StepBudget:
         """The step's work is decided; its time runs from here."""
         self._started = self.clock()
 
-    def ended(self, tokens: int, decodes: int, shaped: bool = True, drafts: int = 0) -> None:
+    def ended(
+        self,
+        tokens: int,
+        decodes: int,
+        shaped: bool = True,
+        drafts: int = 0,
+        replayed: bool = False,
+    ) -> None:
         """The step's results are on the host: learn from how long its `tokens` took, unless
         its prefill was not `shaped` by the target (it took the whole budget beside decodes
         that had not settled); `drafts` of them were speculative draft tokens, whose own price
-        is learned from what the step took beyond the fit's price of the rest.
+        is learned from what the step took beyond the fit's price of the rest. A `replayed`
+        step (one CUDA graph launch, decodes only) sets the cadence and leaves the eager fit.
 
         NOTE: a step without decodes is not learned from. The budget only shapes steps with
         decodes, and a prompt-only step's long GEMMs cost less a token than a chunk adds to a
@@ -204,10 +220,11 @@ class StepBudget:
         if self._started is not None and decodes > 0 and shaped:
             seconds = self.clock() - self._started
             weight = self.model.weight
-            if drafts and (rest := self.model.predict(tokens - drafts)) is not None:
-                per_draft = max(0.0, seconds - rest) / drafts
-                self.draft_cost = _weighted(self.draft_cost, per_draft, weight)
-            self.model.observe(tokens, seconds)
+            if not replayed:
+                if drafts and (rest := self.model.predict(tokens - drafts)) is not None:
+                    per_draft = max(0.0, seconds - rest) / drafts
+                    self.draft_cost = _weighted(self.draft_cost, per_draft, weight)
+                self.model.observe(tokens, seconds)
             if tokens == decodes:
                 self.cadence = _weighted(self.cadence, seconds, weight)
         self._started = None

@@ -480,9 +480,11 @@ def test_the_engine_tells_the_budget_how_many_draft_tokens_a_step_carried(tiny) 
     budget.clock = TickingClock()  # quick steps: drafts fit under the target on any host
     learn = budget.ended
 
-    def ended(tokens: int, decodes: int, shaped: bool = True, drafted: int = 0) -> None:
+    def ended(
+        tokens: int, decodes: int, shaped: bool = True, drafted: int = 0, replayed: bool = False
+    ) -> None:
         drafts.append(drafted)
-        learn(tokens, decodes, shaped, drafted)
+        learn(tokens, decodes, shaped, drafted, replayed)
 
     budget.ended = ended
     ids = tokenizer.encode("ab ab ab ab ab ab ab ab") or [1]
