@@ -2,10 +2,11 @@
 # The engine on a GPU in one prepared run (under 10 minutes): where it syncs, where a decode
 # step's time goes and how many launches it takes with CUDA graphs and without
 # (workers/decode_graphs.py), whether its greedy tokens are `generate`'s (graphs on, the
-# default), and bench/engine_throughput.py's rows d (graphs), d-eager (no graphs) and c
-# (transformers CB) in bfloat16 at c = 1, 32, 64, and last the step-time target under Poisson
-# arrivals with launches priced apart (rows d, d-fixed). The engine's own Llama pass against the
-# module forward (bench/step_ops.py) was measured in an earlier run
+# default), whether torch.compile's fused element-wise chains save GPU time inside a graph
+# (bench/elementwise_fusion.py), bench/engine_throughput.py's rows d (graphs), d-eager (no
+# graphs) and c (transformers CB) in bfloat16 at c = 1, 32, 64, and last the step-time target
+# under Poisson arrivals with launches priced apart (rows d, d-fixed). The engine's own Llama
+# pass against the module forward (bench/step_ops.py) was measured in an earlier run
 # (docs/performance/history.md) and is left out to keep the run short.
 #
 #   bash bench/gpu_session.sh LIKE OUT
@@ -43,6 +44,10 @@ timeout 100 $PY bench/device_profile.py --model "$MODELS/smollm2-135m" --concurr
 echo "== greedy against generate, 135M, float32 (decode steps through the graphs)"
 timeout 60 $PY bench/device_greedy.py --model "$MODELS/smollm2-135m" --dtype float32 \
     2>"$OUT/greedy.err" | tee "$OUT/greedy.txt"
+
+echo "== element-wise chains, eager against torch.compile, inside a CUDA graph, 135M widths"
+timeout 45 $PY bench/elementwise_fusion.py --device cuda --dtype bfloat16 --tokens 64 \
+    2>"$OUT/fusion.err" | tee "$OUT/fusion.txt"
 
 # rows d (graphs) and d-eager first: the comparison this run is for; c last (a cut keeps d's)
 echo "== engine_throughput, smollm2-135m"
