@@ -5,7 +5,8 @@ eager against compiled, at a decode step's shapes, per call in µs, and their ra
 On a CPU each call is timed as the engine makes it. On CUDA a decode step is replayed as a
 graph (workers/decode_graphs.py), where launches cost nothing and what a fused kernel can save is
 the GPU's own time: each chain is captured `--calls` times into one CUDA graph, eager and
-compiled, and the graph's replay is timed (and, for the record, the eager call's host time).
+compiled, and the graph's replay is timed. The inputs are contiguous where the engine's are
+views of one fused projection's output: a small difference in what a kernel reads.
 
     python bench/elementwise_fusion.py --device cpu --dtype bfloat16,float32
     python bench/elementwise_fusion.py --device cuda --dtype bfloat16
@@ -105,6 +106,7 @@ def main() -> None:
         dtype = getattr(torch, name)
         for tokens in (int(t) for t in args.tokens.split(",")):
             for chain, (fn, inputs) in chains(tokens, dtype, args.device).items():
+                torch._dynamo.reset()  # the lambdas share code objects: one cache, a limit
                 compiled = torch.compile(fn, dynamic=False)
                 if graphed:
                     eager_us = graph_call_us(fn, inputs, args.calls)

@@ -34,19 +34,19 @@ $PY bench/random_model.py --like "$LIKE" --out "$MODELS/smollm2-1.7b" --device c
     --set num_attention_heads=32 --set num_key_value_heads=32
 
 echo "== synchronizing calls, 135M, bfloat16, 32 requests"
-timeout 60 $PY bench/device_syncs.py --model "$MODELS/smollm2-135m" --concurrency 32 \
+timeout 45 $PY bench/device_syncs.py --model "$MODELS/smollm2-135m" --concurrency 32 \
     2>"$OUT/syncs.err" | tee "$OUT/syncs.txt"
 
 echo "== a decode step's time and launches, 135M, bfloat16, CUDA graphs on and off"
-timeout 100 $PY bench/device_profile.py --model "$MODELS/smollm2-135m" --concurrency 1,64 \
+timeout 90 $PY bench/device_profile.py --model "$MODELS/smollm2-135m" --concurrency 1,64 \
     --graphs on,off 2>"$OUT/profile.err" | tee "$OUT/profile.txt"
 
 echo "== greedy against generate, 135M, float32 (decode steps through the graphs)"
-timeout 60 $PY bench/device_greedy.py --model "$MODELS/smollm2-135m" --dtype float32 \
+timeout 45 $PY bench/device_greedy.py --model "$MODELS/smollm2-135m" --dtype float32 \
     2>"$OUT/greedy.err" | tee "$OUT/greedy.txt"
 
 echo "== element-wise chains, eager against torch.compile, inside a CUDA graph, 135M widths"
-timeout 45 $PY bench/elementwise_fusion.py --device cuda --dtype bfloat16 --tokens 64 \
+timeout 40 $PY bench/elementwise_fusion.py --device cuda --dtype bfloat16 --tokens 64 \
     2>"$OUT/fusion.err" | tee "$OUT/fusion.txt"
 
 # rows d (graphs) and d-eager first: the comparison this run is for; c last (a cut keeps d's)
@@ -56,14 +56,14 @@ timeout 180 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm
     --json "$OUT/smollm2-135m.json" 2>"$OUT/smollm2-135m.err" | tee "$OUT/smollm2-135m.txt"
 
 echo "== engine_throughput, smollm2-1.7b"
-timeout 130 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-1.7b" \
+timeout 120 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-1.7b" \
     --rows d,d-eager --dtype bfloat16 --concurrency 1,32,64 \
     --json "$OUT/smollm2-1.7b.json" 2>"$OUT/smollm2-1.7b.err" | tee "$OUT/smollm2-1.7b.txt"
 
 # the step-time target on CUDA with launches priced apart (workers/step_time.py): a replayed
 # decode step teaches only the cadence; d-fixed (no target) beside it, Poisson arrivals
 echo "== step-time target, smollm2-135m, Poisson arrivals"
-timeout 60 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-135m" \
+timeout 50 $PY bench/engine_throughput.py --device cuda --model "$MODELS/smollm2-135m" \
     --rows d,d-fixed --dtype bfloat16 --concurrency 32 --arrivals poisson --rate 40 \
     --requests 64 --step-time-target 0.05 \
     2>"$OUT/step-target.err" | tee "$OUT/step-target.txt"

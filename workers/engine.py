@@ -253,7 +253,10 @@ class Engine:
                 self._sample_and_postprocess(result.samplers, result.logits, outputs)
                 pool_chunks(result, self.live, outputs)
                 scheduled.replayed = result.replayed
-                self.scheduler.step_ended(scheduled)  # the sampled tokens are on the host now
+                # NOTE: a step that captured a graph took its warm-ups and capture too: it is
+                # neither a replay's time nor an eager step's, so the budget learns nothing
+                if not result.captured:
+                    self.scheduler.step_ended(scheduled)  # the sampled tokens are on the host now
         self.speculator.discard()  # the drafts of sequences that failed in this step
         self._last_step_ended = time.monotonic()
         return self.live.retire(outputs)

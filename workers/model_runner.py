@@ -130,7 +130,8 @@ class StepResult:
     logits: torch.Tensor | None = None
     pooled: list[tuple[SequenceState, int, int]] = field(default_factory=list)
     hidden: torch.Tensor | None = None
-    replayed: bool = False  # one CUDA graph launch ran the step (decode_graphs.py), no eager pass
+    replayed: bool = False  # a captured CUDA graph's replay ran the step (decode_graphs.py)
+    captured: bool = False  # the step captured its graph first (warm-ups, a capture, a replay)
 
 
 def _is_decode(seq: SequenceState, new: int) -> bool:
@@ -216,8 +217,12 @@ class ModelRunner:
         sequence keeps its row and the positions this step writes only to blocks are copied in
         when an eager step next decodes it; a sequence gone is freed."""
         self.rows.arrange([], [(s, 1) for s in decodes])
-        logits = self.graphs.run(decodes)
-        return StepResult(decodes, logits=logits, replayed=self.graphs.plan.capture)
+        graphs = self.graphs
+        count = graphs.graph_count
+        logits = graphs.run(decodes)
+        captured = graphs.graph_count > count
+        replayed = graphs.plan.capture and not captured
+        return StepResult(decodes, logits=logits, replayed=replayed, captured=captured)
 
     def _slots(self, seq: SequenceState, start: int, stop: int) -> list[int]:
         bs, table = self.block_size, seq.block_table

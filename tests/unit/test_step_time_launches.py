@@ -23,6 +23,7 @@ REPLAY_S = 0.004
 LAUNCHES_S = 0.030
 PER_TOKEN_S = 0.00002
 DECODES = 32
+GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 class GraphDevice:
@@ -104,7 +105,7 @@ def test_drafts_that_would_turn_a_replay_into_an_eager_step_get_no_room():
 def test_the_engine_reports_the_steps_a_graph_replayed(tiny, monkeypatch):
     """A fake capture on the CPU (the replay runs the slot's step): decode-only steps reach the
     budget as replayed, a step with a late prompt's prefill beside settled decodes as eager,
-    and only the eager ones feed the fit."""
+    and only the eager ones feed the fit; a step that captured a graph is not learned from."""
     model, tokenizer = tiny
     monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, slot: FakeGraph(slot))
     engine = Engine(
@@ -128,18 +129,20 @@ def test_the_engine_reports_the_steps_a_graph_replayed(tiny, monkeypatch):
 
     budget.ended = ended
     for i, text in enumerate(("one two", "three four five")):
-        submit(engine, f"r{i}", tokenizer.encode(text) or [1], max_tokens=24, ignore_eos=True)
+        submit(engine, f"r{i}", tokenizer.encode(text) or [1], **GREEDY, max_tokens=24)
     events = defaultdict(list)
     while engine.has_unfinished():
         if len(steps) == 12:  # both decode, settled: a prompt comes in beside them
-            submit(engine, "late", tokenizer.encode("six seven") or [1], max_tokens=4)
+            submit(engine, "late", tokenizer.encode("six seven") or [1], **GREEDY, max_tokens=4)
         for out in engine.step():
             events[out.request_id].extend(wire(out.events))
     assert all(text_of(events[r]) for r in ("r0", "r1", "late"))
     replayed = [s for s in steps if s[2]]
     beside = [s for s in steps if not s[2] and 0 < s[1] < s[0]]  # prefill beside decodes
     assert replayed and all(tokens == decodes for tokens, decodes, _ in replayed)
-    assert len(replayed) == graphs.replays
+    # a step that captured its graph (warm-ups, the capture) teaches the budget nothing
+    assert graphs.graph_count >= 1
+    assert len(replayed) == graphs.replays - graphs.graph_count
     assert beside and budget.model.steps == len(beside)
     assert budget.cadence is not None
     assert_no_leaks(engine)
