@@ -22,6 +22,7 @@ import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import structlog
 
@@ -93,7 +94,7 @@ class RunDriver:
         self.ending: Ending | None = None
         self.terminal: TerminalRecord | None = None
         self.outcome: RunOutcome | None = None
-        self._task: asyncio.Task[RunOutcome] | None = None
+        self._task: asyncio.Task[Any] | None = None  # the task that runs `run`
         self._timer = Alarm()  # deadlines, then the stop's confirmation
         self._stopping: asyncio.Task[None] | None = None
 
@@ -102,11 +103,18 @@ class RunDriver:
         return self.spec.run_id
 
     @property
-    def task(self) -> asyncio.Task[RunOutcome] | None:
+    def task(self) -> asyncio.Task[Any] | None:
         return self._task
 
     def start(self) -> asyncio.Task[RunOutcome]:
         self._task = asyncio.create_task(self.run(), name=f"run {self.run_id}")
+        return self._task
+
+    def adopt(self) -> asyncio.Task[Any]:
+        """The current task runs the run: its caller awaits `run()` next, with no suspension
+        in between (a run opened in its own task goes on to drive it there, a turn of the
+        event loop sooner than a task started for it)."""
+        self._task = asyncio.current_task()
         return self._task
 
     # -- ending early: the one way -------------------------------------------------------------

@@ -48,6 +48,7 @@ from gateway.runs.admission import (
     reserve,
 )
 from gateway.runs.aliases import alias_ticket
+from gateway.runs.driver import RunDriver
 from gateway.runs.flow_control import Shed, Ticket
 from gateway.runs.manager import new_run_id
 from gateway.runs.spec import RunOutcome, RunSpec
@@ -62,6 +63,9 @@ from policies.quotas import Admission, QuotaExceeded, nanos
 # The run's id, on the answer that starts it: a stream's headers go out (at the latest one
 # heartbeat interval in) before its first chunk, which may wait while the run is queued.
 RUN_ID_HEADER = "x-sluice-run-id"
+# The tasks opening runs: the loop holds tasks weakly, and one whose client left has no other
+# holder until its driver (RunManager.drivers) holds it.
+_OPENING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,18 +121,45 @@ class RunLife:
             trace=run_trace(self.app, request.headers, self.tenant, body),
         )
         self.admission: Admission | None = None
+        self._driver: RunDriver | None = None  # the run this request started, until it runs
 
     async def open(self) -> Opened:
-        """Claim, reserve, start; or find what a repeat of this request answers from."""
-        opening = asyncio.create_task(self._open(), name=f"open {self.spec.run_id}")
+        """Claim, reserve, start; or find what a repeat of this request answers from.
+
+        The run opens in a task of its own, which then drives it: a run's first step upstream
+        waits for no second task to be scheduled (each new task waits out a turn of the loop,
+        under load a burst of other streams' chunks)."""
+        opened: asyncio.Future[Opened] = asyncio.get_running_loop().create_future()
+        name = f"run {self.spec.run_id}"
+        task = asyncio.create_task(self._open_and_drive(opened), name=name)
+        _OPENING.add(task)  # held until it has opened: then its driver holds it
+        task.add_done_callback(_OPENING.discard)
         try:
-            return await asyncio.shield(opening)
+            return await asyncio.shield(opened)
         except asyncio.CancelledError:
             # NOTE: a client that goes away while its run is opening must not strand a claim,
             # a concurrency slot or a reservation: the opening completes, and its run, which
             # nobody will follow, is cancelled (and settles like any other).
-            opening.add_done_callback(self._abandoned)
+            opened.add_done_callback(self._abandoned)
             raise
+
+    async def _open_and_drive(self, opened: asyncio.Future[Opened]) -> None:
+        """Open the run and answer `opened`; then drive the run started, in this task."""
+        try:
+            result = await self._open()
+        except asyncio.CancelledError:
+            opened.cancel()
+            raise
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        opened.set_result(result)
+        _OPENING.discard(asyncio.current_task())
+        # NOTE: the driver holds this request's settle, so it is not kept here as well: a
+        # reference cycle would keep an ended run's log and result until the collector runs
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.run()
 
     async def _open(self) -> Opened:
         ticket = self._take_ticket()
@@ -191,7 +222,7 @@ class RunLife:
                 self.request[RATE_HEADERS] = {}  # a refusal carries its own
                 raise
             self.request[RATE_HEADERS] = headers
-            await self.app[RUNS].start(self.spec, self.settle)
+            self._driver = await self.app[RUNS].start(self.spec, self.settle, here=True)
         except BaseException:
             await asyncio.shield(self._give_back())
             raise
@@ -219,7 +250,7 @@ class RunLife:
         self.admission = opening.admission
         self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
         try:
-            await app[RUNS].start(spec, self.settle, record)
+            self._driver = await app[RUNS].start(spec, self.settle, record, here=True)
         except BaseException:
             await asyncio.shield(self._give_back())
             raise

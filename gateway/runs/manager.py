@@ -145,11 +145,17 @@ class RunManager:
         return record
 
     async def start(
-        self, spec: RunSpec, settle: Settle | None = None, record: RunRecord | None = None
+        self,
+        spec: RunSpec,
+        settle: Settle | None = None,
+        record: RunRecord | None = None,
+        *,
+        here: bool = False,
     ) -> RunDriver:
         """Create the run and start driving it; `settle` runs with its outcome once it is over.
         The caller attaches to follow it. `record`: the store has it already (from
-        `record_for`, written with the request's claim and admission)."""
+        `record_for`, written with the request's claim and admission). `here`: the calling
+        task drives it: the caller awaits the driver's `run()` next (RunDriver.adopt)."""
         if record is None:
             record = self.record_for(spec)
             await self.store.create(record)
@@ -165,7 +171,8 @@ class RunManager:
             created=int(record.created),
         )
         self.drivers[spec.run_id] = driver
-        driver.start().add_done_callback(lambda _: self._forget(spec.run_id))
+        task = driver.adopt() if here else driver.start()
+        task.add_done_callback(lambda _: self._forget(spec.run_id))
         return driver
 
     def cancel_here(self, run_id: str, source: str) -> bool:

@@ -499,7 +499,8 @@ async def test_clients_gone_mid_admission_strand_no_slot(aiohttp_client, store_s
     runs = client.app[RUNS]
 
     def settled() -> bool:  # no run left, and no opening still in flight to start one
-        openings = [t for t in asyncio.all_tasks() if t.get_name().startswith("open ")]
+        # a run's task is named for it from its opening on (gateway/runs/life.py)
+        openings = [t for t in asyncio.all_tasks() if t.get_name().startswith("run ")]
         return not runs.drivers and not openings
 
     await until(settled, "every abandoned run to settle")

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from adapters.base import BackendFailed, BackendUnavailable
 from adapters.events import ErrorEvent, Finish, TextDelta, Usage
-from gateway.app_keys import HEALTH
+from gateway.app_keys import HEALTH, RUNS
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, stream_payloads, stream_text
 from tests.support.waiting import until
@@ -243,3 +243,28 @@ async def test_a_long_content_type_or_model_is_repeated_cut_short(aiohttp_client
     assert (await resp.json())["error"]["message"] == (
         "The model '" + "m" * 40 + "…' does not exist or you do not have access to it."
     )
+
+
+async def test_a_run_is_driven_by_the_task_that_opened_it(aiohttp_client):
+    """The run opens in a task of its own (a client gone meanwhile strands nothing) and that
+    task goes on to drive it: its first step upstream waits for no second task's first turn."""
+    tasks = {}
+
+    def script(request):
+        tasks["streamed"] = asyncio.current_task()
+        return [TextDelta("hi"), Finish("stop"), Usage(3, 1)]
+
+    _, client = await make_client(aiohttp_client, script)
+    runs = client.app[RUNS]
+    start = runs.start
+
+    async def recorded_start(spec, *args, **kwargs):
+        tasks["opened"] = asyncio.current_task()
+        return await start(spec, *args, **kwargs)
+
+    runs.start = recorded_start
+    resp = await post(client, stream=True)
+    assert stream_text(stream_payloads(await resp.read())) == "hi"
+    run_id = resp.headers["x-sluice-run-id"]
+    assert tasks["streamed"] is tasks["opened"]
+    assert tasks["streamed"].get_name() == f"run {run_id}"
