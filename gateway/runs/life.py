@@ -151,7 +151,9 @@ class RunLife:
             opened.cancel()
             raise
         except BaseException as exc:
-            opened.set_exception(exc)
+            opened.set_exception(exc)  # the request answers with it
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the loop's too
+                raise
             return
         opened.set_result(result)
         _OPENING.discard(asyncio.current_task())
@@ -159,6 +161,9 @@ class RunLife:
         # reference cycle would keep an ended run's log and result until the collector runs
         driver, self._driver = self._driver, None
         if driver is not None:
+            # NOTE: nothing between the driver's registration (RunManager.start) and here may
+            # suspend: a shutdown's cancel of its task must land inside `run`, which settles
+            assert driver.task is asyncio.current_task()
             await driver.run()
 
     async def _open(self) -> Opened:
