@@ -37,7 +37,7 @@ def test_a_killed_member_costs_no_request_and_rejoins(tiny_model_dir):
         victim = workers(gateway)[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
-        answers = [chat(gateway) for _ in range(6)]
+        answers = [chat(gateway, temperature=0) for _ in range(6)]  # greedy: no EOS drawn
         assert [a.status_code for a in answers] == [200] * 6  # none routed to the dead one
         assert all(a.json()["choices"][0]["finish_reason"] == "length" for a in answers)
 
@@ -58,7 +58,7 @@ def test_a_hung_member_is_left_out_and_back_once_it_answers(tiny_model_dir):
         hung.send_signal(signal.SIGSTOP)
         try:
             until_sync(lambda: healthy_members(gateway) == 1, "the hung member to be left out")
-            answers = [chat(gateway) for _ in range(6)]
+            answers = [chat(gateway, temperature=0) for _ in range(6)]  # greedy: no EOS drawn
             assert [a.status_code for a in answers] == [200] * 6
         finally:
             hung.send_signal(signal.SIGCONT)
