@@ -91,8 +91,7 @@ class ChunkRenderer:
         """The chunk for one event, or None for events that are not chunks (usage, errors)."""
         if type(event) is TextDelta:
             if event.logprobs is None:  # the chunk almost every token becomes
-                text = orjson.dumps(event.text)
-                return self._prefix + _TEXT_CHOICE % (event.index, text)
+                return self.text(event.text, event.index)
             choice = {
                 "index": event.index,
                 "delta": {"content": event.text},
@@ -119,6 +118,10 @@ class ChunkRenderer:
             return None
         return self._choices([choice])
 
+    def text(self, text: str, index: int) -> bytes:
+        """The chunk of a plain text delta (no logprobs)."""
+        return self._prefix + _TEXT_CHOICE % (index, orjson.dumps(text))
+
     def usage(self, usage: Usage) -> bytes:
         return self._prefix + b'[],"usage":' + orjson.dumps(usage_dict(usage)) + b"}"
 
@@ -138,6 +141,10 @@ class CompletionBuilder:
         self._finish: list[str | None] = [None] * n
         self._stop_strings: list[str | None] = [None] * n
         self.usage: Usage | None = None
+
+    def add_text(self, text: str, index: int) -> None:
+        """A plain text delta's text (no logprobs)."""
+        self._text[index].append(text)
 
     def add(self, event: Event) -> None:
         if type(event) is TextDelta:

@@ -33,6 +33,17 @@ class SSEDataSplitter:
         self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        # NOTE: a read is most often one whole event, `data: <payload>` and a blank line, with
+        # nothing pending before it: its payload is taken whole, without the line loop below
+        if (
+            not self._tail
+            and not self._data
+            and chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            return [chunk[6:-2]]
         lines = (self._tail + chunk).split(b"\n") if self._tail else chunk.split(b"\n")
         self._tail = lines.pop()
         payloads: list[bytes] = []

@@ -318,11 +318,19 @@ class PoolAdapter(PoolHealth):
         request = run.begin_on(member.adapter)
         try:
             async with aclosing(member.adapter.stream(request, request_id)) as events:
+                task = asyncio.current_task()
                 while True:
+                    cancels = lease.reading(task)
                     try:
-                        batch = await lease.read(events)
+                        batch = await anext(events)
                     except StopAsyncIteration:
                         return
+                    except asyncio.CancelledError:
+                        if lease.lost(task, cancels):
+                            raise MemberLost(member.name) from None
+                        raise
+                    finally:
+                        lease.reading(None)
                     now = self.clock()
                     member.served(lease, batch, now)
                     if not counted:

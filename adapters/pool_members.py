@@ -83,24 +83,24 @@ class Lease:
         self._reading: asyncio.Task[Any] | None = None  # the task inside `read`, while it is
         self._interrupted = False  # `evict` cancelled that read
 
-    async def read(self, events: Any) -> Any:
-        """The member's next batch; MemberLost when the member was taken out, also while
-        waiting on it. StopAsyncIteration at the end, as `anext`."""
+    def reading(self, task: asyncio.Task[Any] | None) -> int:
+        """`task` is now waiting on the member (None: no longer); what `lost` compares with.
+        MemberLost when the member was taken out already.
+
+        NOTE: `evict` cancels the reading task, and only a cancel of its own becomes MemberLost
+        (another cancel, counted past the ones before, goes on up): what `asyncio.timeout`
+        does, without its object and handle on every batch of every stream. The pool reads in
+        its own loop (adapters/pool.py `_stream_from`), with no coroutine of its own per batch."""
+        self._reading = task
+        if task is None:
+            return 0
         if self.evicted:
             raise MemberLost(self.member.name)
-        # NOTE: `evict` cancels the reading task, and only a cancel of its own becomes
-        # MemberLost (another cancel, counted past the ones before, goes on up): what
-        # `asyncio.timeout` does, without its object and handle on every batch of every stream.
-        task = self._reading = asyncio.current_task()
-        cancels_before = task.cancelling()
-        try:
-            return await anext(events)
-        except asyncio.CancelledError:
-            if self._interrupted and task.uncancel() <= cancels_before:
-                raise MemberLost(self.member.name) from None
-            raise
-        finally:
-            self._reading = None
+        return task.cancelling()
+
+    def lost(self, task: asyncio.Task[Any], cancels_before: int) -> bool:
+        """Whether the cancel that ended a read was `evict`'s (the read then raises MemberLost)."""
+        return self._interrupted and task.uncancel() <= cancels_before
 
     def evict(self) -> None:
         """Interrupt the read now (it is waiting on a member that will not answer)."""

@@ -118,6 +118,17 @@ class RunAccounting:
             elif kind is Usage:
                 self.usage = event
 
+    def text_passed(self, batch: list[Event]) -> None:
+        """`arrived` and `sent` at once, for a batch of text deltas after the run's first
+        token that no stage held back (RunPipeline.plain_text)."""
+        now = self.last_arrival_at = time.monotonic()
+        observe = self.metrics.inter_token.observe
+        for event in batch:
+            self.arrived_tokens += event.tokens
+            self.sent_tokens += event.tokens
+            observe(now - self.last_token_at)
+            self.last_token_at = now
+
     def held_back(self, batch: list[Event]) -> None:
         """A batch that arrived after the run's fate was decided: not sent, counted as tail."""
         for event in batch:

@@ -77,6 +77,7 @@ class RunDriver:
         """`settle` runs once the run is over and accounted (the tenant's refund, its usage
         record); `created` is the run record's creation time (the chunks carry it)."""
         self.spec = spec
+        self.run_id = spec.run_id
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.confirm_timeout = confirm_timeout
@@ -97,10 +98,6 @@ class RunDriver:
         self._task: asyncio.Task[Any] | None = None  # the task that runs `run`
         self._timer = Alarm()  # deadlines, then the stop's confirmation
         self._stopping: asyncio.Task[None] | None = None
-
-    @property
-    def run_id(self) -> str:
-        return self.spec.run_id
 
     @property
     def task(self) -> asyncio.Task[Any] | None:
@@ -272,13 +269,16 @@ class RunDriver:
         """Record batches until the stream ends (True) or reports a failure (False); once the
         ending is decided, what comes is tail. Deadlines and an unconfirmed stop interrupt it
         (they close the stream)."""
-        overhead = self.overhead
+        overhead, acct, plain_text = self.overhead, self.acct, self.pipeline.plain_text
         async for batch in events:
             if self.phase is not Phase.STREAMING:
-                self.acct.held_back(batch)
+                acct.held_back(batch)
                 continue
             arrived = time.perf_counter()
-            recorded = await self._record(batch)
+            if acct.first_token_at is not None and (chunks := plain_text(batch)) is not None:
+                recorded = await self._record_text(batch, chunks)
+            else:
+                recorded = await self._record(batch)
             overhead.batch_done(arrived)
             if not recorded:
                 return False
@@ -304,10 +304,7 @@ class RunDriver:
             try:
                 await self.store.append(self.run_id, chunks)
             except LogClosed:  # the run was ended while this batch was on its way
-                self.acct.kept_out(batch)
-                # NOTE: a local stop decided first; otherwise another replica ended the run
-                # (it saw this replica's lease lapse): stop the upstream all the same.
-                self.stop(RunStatus.FAILED, "ended_elsewhere", "lost")
+                self._kept_out(batch)
                 return True
         self.acct.sent(passed)
         origin = "upstream"
@@ -319,6 +316,26 @@ class RunDriver:
             return True
         self.stop(RunStatus.FAILED, f"{origin}:{failure.code}", error=error_body(failure))
         return False
+
+    async def _record_text(self, batch: list[Event], chunks: list[Chunk]) -> bool:
+        """`_record` for a batch of plain text after the first token with no stage between
+        (RunPipeline.plain_text): the status, deadlines and pipeline need no step, and the
+        accounting takes one."""
+        try:
+            await self.store.append(self.run_id, chunks)
+        except LogClosed:
+            self.acct.arrived(batch)
+            self._kept_out(batch)
+            return True
+        self.acct.text_passed(batch)
+        return True
+
+    def _kept_out(self, batch: list[Event]) -> None:
+        """The run was ended while this batch was on its way to the log."""
+        self.acct.kept_out(batch)
+        # NOTE: a local stop decided first; otherwise another replica ended the run (it saw
+        # this replica's lease lapse): stop the upstream all the same.
+        self.stop(RunStatus.FAILED, "ended_elsewhere", "lost")
 
     async def _complete(self) -> None:
         """The upstream finished (or a stage ended every choice): the rest of the stages, the

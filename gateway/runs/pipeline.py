@@ -81,6 +81,22 @@ class RunPipeline:
                 chunks.append(chunk)
         return chunks, events
 
+    def plain_text(self, events: list[Event]) -> list[Chunk] | None:
+        """The chunks `feed` makes of a batch of plain text deltas once the role chunks are
+        out, when no stage sits in the pipeline (the batch passes whole); None for anything
+        else, which goes through `feed`. The run's usual batch, in fewer steps."""
+        if self.stages or not self.opened:
+            return None
+        for event in events:
+            if type(event) is not TextDelta or event.logprobs is not None or not event.text:
+                return None
+        add, render = self.builder.add_text, self.renderer.text
+        chunks: list[Chunk] = []
+        for event in events:
+            add(event.text, event.index)
+            chunks.append((render(event.text, event.index), event.text, event.index))
+        return chunks
+
     async def finish(self) -> tuple[list[Chunk], list[Event]]:
         """The upstream is done: what the stages still held."""
         events: list[Event] = []

@@ -160,8 +160,10 @@ class MemoryRunStore:
         return True
 
     async def append(self, run_id: str, chunks: list[Chunk]) -> int:
-        entry = self._entry(run_id)
-        if entry.record.status.is_terminal:
+        entry = self._runs.get(run_id)  # NOTE: `_entry` and `is_terminal` inline: every chunk
+        if entry is None:
+            raise UnknownRun(run_id)
+        if entry.record.status >= RunStatus.COMPLETED:
             raise LogClosed(run_id)
         before = entry.record.last_seq
         seq = self._append(entry, chunks)
@@ -170,7 +172,10 @@ class MemoryRunStore:
             # always stay), read from its end only when somebody waits to take them
             events = entry.events
             fresh = min(seq - before, len(events))
-            self._notify(entry, [events[i] for i in range(-fresh, 0)])
+            if fresh == 1:  # a live run's usual append
+                self._notify(entry, [events[-1]])
+            else:
+                self._notify(entry, [events[i] for i in range(-fresh, 0)])
         return seq
 
     def _pack(self, entry: _Entry) -> None:

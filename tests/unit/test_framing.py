@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from adapters.framing import LineSplitter, SSEDataSplitter
 
 STREAM = (
@@ -32,3 +35,18 @@ def test_lines_whatever_the_read_size():
         splitter = LineSplitter()
         assert feed_in_pieces(splitter, data, size) == [b'{"type":"text"}', b'{"type":"usage"}']
         assert splitter.feed(b'ish"}\n') == [b'{"type":"finish"}']
+
+
+@settings(max_examples=200)
+@given(
+    payloads=st.lists(st.binary().map(lambda b: b.replace(b"\n", b"").replace(b"\r", b""))),
+    before=st.sampled_from([b"", b"data: par", b"data: a\n", b": ping\n"]),
+)
+def test_a_read_of_one_whole_event_is_split_as_any_other(payloads, before):
+    """A read that is one whole `data:` event (the usual one, taken whole) gives what the
+    line-by-line split gives, whatever was pending before it."""
+    reads = [before] + [b"data: " + p + b"\n\n" for p in payloads]
+    whole = SSEDataSplitter()
+    got = [payload for read in reads for payload in whole.feed(read)]
+    by_byte = feed_in_pieces(SSEDataSplitter(), b"".join(reads), 1)
+    assert got == by_byte

@@ -432,3 +432,44 @@ async def test_a_second_cancel_stops_the_wait_not_the_settlement():
     assert [(o.status, o.terminal.cause) for o in settle.settled] == [
         (RunStatus.FAILED, "shutdown")
     ]
+
+
+class PassThrough:
+    """A stage that lets everything through: every batch takes the pipeline's general path."""
+
+    stop_source = None
+
+    async def feed(self, events: list[Event]) -> list[Event]:
+        return events
+
+    async def finish(self) -> list[Event]:
+        return []
+
+
+async def test_text_after_the_first_token_is_logged_and_accounted_as_through_a_stage():
+    """A run with no stage records its plain text after the first token in fewer steps
+    (RunPipeline.plain_text); its log, object, token counts and inter-token samples are those of
+    the same run through a stage that passes everything."""
+    pieces = ["Hel", "lo", " there", "", "!"]
+    runs = {}
+    for name, stages in (("fast", ()), ("general", (PassThrough(),))):
+        store, _, driver = await make_driver(text_script(pieces), stages=stages)
+        fast_batches = []
+        record_text = driver._record_text
+
+        async def counted(batch, chunks, seen=fast_batches, record=record_text):
+            seen.append(batch)
+            return await record(batch, chunks)
+
+        driver._record_text = counted
+        outcome = await driver.start()
+        # the first token goes the general way, then every text with some text in it
+        assert len(fast_batches) == (3 if not stages else 0)
+        gaps = samples(driver, "sluice_inter_token_seconds_count")
+        chunks = [{k: v for k, v in e.items() if k != "created"} for e in await log(store)]
+        answer = outcome.terminal.completion_object()["choices"]
+        runs[name] = (chunks, answer, outcome.sent_tokens, gaps)
+        assert outcome.sent_tokens == outcome.generated_tokens == len(pieces)
+
+    assert runs["fast"] == runs["general"]
+    assert runs["fast"][3] == {(): len(pieces) - 1}  # a gap after each token but the first
