@@ -91,12 +91,10 @@ class Lease:
         (another cancel, counted past the ones before, goes on up): what `asyncio.timeout`
         does, without its object and handle on every batch of every stream. The pool reads in
         its own loop (adapters/pool.py `_stream_from`), with no coroutine of its own per batch."""
-        self._reading = task
-        if task is None:
-            return 0
-        if self.evicted:
+        if task is not None and self.evicted:
             raise MemberLost(self.member.name)
-        return task.cancelling()
+        self._reading = task
+        return 0 if task is None else task.cancelling()
 
     def lost(self, task: asyncio.Task[Any], cancels_before: int) -> bool:
         """Whether the cancel that ended a read was `evict`'s (the read then raises MemberLost)."""

@@ -85,7 +85,7 @@ class RunPipeline:
         """The chunks `feed` makes of a batch of plain text deltas once the role chunks are
         out, when no stage sits in the pipeline (the batch passes whole); None for anything
         else, which goes through `feed`. The run's usual batch, in fewer steps."""
-        if self.stages or not self.opened:
+        if self.stages or not self.opened or not events:
             return None
         for event in events:
             if type(event) is not TextDelta or event.logprobs is not None or not event.text:

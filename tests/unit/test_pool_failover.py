@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
 from adapters.base import BackendFailed
 from adapters.events import Accepted, Admitted, ErrorEvent, Event, Finish, TextDelta, Usage
 from adapters.pool import PoolAdapter
@@ -212,3 +214,18 @@ async def test_a_run_cut_before_its_first_token_starts_afresh_on_any_member():
     assert upstream.continuations == [None]  # the request itself, from the start
     assert len(kinds(events, Accepted)) == 1
     assert pool.migrations == {"continued": 1}
+
+
+async def test_a_cancel_of_the_reading_task_is_not_taken_for_a_lost_member():
+    """Only the pool's own eviction of a lease turns a cancelled read into a move: a cancel of
+    the task reading the run (its driver's, a shutdown) goes on up, and nothing is continued."""
+    first, second = GreedyMember("first"), GreedyMember("second")
+    first.hang_after = 4
+    pool = PoolAdapter([first, second])
+    task = asyncio.create_task(collect(pool))
+    await first.hanging.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert second.continuations == [] and pool.migrations == {}
+    assert pool._serving == {}  # the lease was given back

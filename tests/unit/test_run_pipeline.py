@@ -86,4 +86,5 @@ async def test_plain_text_leaves_any_other_batch_to_feed(event) -> None:
     await pipeline.feed([Accepted()])
 
     assert pipeline.plain_text([TextDelta("a"), event]) is None
+    assert pipeline.plain_text([]) is None
     assert pipeline.completion(1) == RunPipeline("run-1", "m", 0, 1).completion(1)
