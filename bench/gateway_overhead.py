@@ -43,12 +43,14 @@ With `--compare TREE` (repeatable), one more gateway runs every cell from anothe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from overhead_bench import Bench
@@ -108,8 +110,10 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n\n".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@contextlib.contextmanager
+def running(args: argparse.Namespace) -> Iterator[Bench]:
+    """The bench's processes, started and warmed (with `--retained`, the ended runs kept), and
+    stopped on the way out, its Redis keys removed, however it leaves."""
     # Ctrl-C and SIGTERM both unwind through the cleanup below, even where SIGINT was ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -120,13 +124,21 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             bench = Bench(args, procs, redis_prefix)
             print(f"  processes ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
-            rows = bench.run()
-        except KeyboardInterrupt:
-            return 130
+            bench.prepare()
+            yield bench
         finally:
             procs.stop_all()
             if args.policies or "redis" in args.store:
                 drop_redis_keys(redis_prefix)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with running(args) as bench:
+            rows = bench.run()
+    except KeyboardInterrupt:
+        return 130
     if args.json:
         print(json.dumps({"cells": rows, "targets": verdicts(rows)}, indent=2))
     else:

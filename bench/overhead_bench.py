@@ -134,13 +134,17 @@ class Bench:
                 file=sys.stderr,
             )
 
-    def run(self) -> list[dict]:
-        a = self.args
-        top = max(a.concurrency)
-        for target in self.targets:  # open the connection pools, warm every path
+    def prepare(self) -> None:
+        """Warm every path (the connection pools open), then retain `--retained` ended runs."""
+        top = max(self.args.concurrency)
+        for target in self.targets:
             self.cell(target, top, 0.0, top)
-        if a.retained:
-            self.retain(a.retained)
+        if self.args.retained:
+            self.retain(self.args.retained)
+
+    def run(self) -> list[dict]:
+        """Every cell, `--repeats` times, after `prepare`: one row of medians per cell."""
+        a = self.args
         reps: dict[tuple[float, int], list[dict]] = {}
         for rep in range(a.repeats):
             for delay in a.delays:
