@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -31,7 +30,8 @@ from adapters.events import Event
 from gateway.metrics import GatewayMetrics
 from gateway.overhead import RunOverhead
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
-from gateway.runs.deadlines import Alarm, next_deadline
+from gateway.runs.deadline_watch import DeadlineWatch
+from gateway.runs.deadlines import Alarm
 from gateway.runs.endings import (
     STORE_LOST_CAUSE,
     ending,
@@ -43,7 +43,7 @@ from gateway.runs.endings import (
 from gateway.runs.flow_control import Shed, Withdrawn
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
-from gateway.runs.status import RunStatus
+from gateway.runs.status import Phase, RunStatus
 from gateway.state.run_store import Chunk, LogClosed, RunStore, TerminalRecord
 from gateway.tasks import finish_then_reraise
 
@@ -54,15 +54,7 @@ Settle = Callable[[RunOutcome], Awaitable[None]]
 _CLOSE = "close the upstream stream"  # the driver's own cancel of its task, to close the stream
 
 
-class Phase(enum.IntEnum):
-    NEW = 0  # nothing asked of the upstream yet
-    WAITING = 1  # queued in the gateway for the backend's capacity (flow control, design §12)
-    STREAMING = 2  # reading the upstream's stream; nothing decided
-    STOPPING = 3  # the ending is decided early; reading on for the upstream's confirmation
-    ENDED = 4  # the upstream's stream is over
-
-
-class RunDriver:
+class RunDriver(DeadlineWatch):
     def __init__(
         self,
         spec: RunSpec,
@@ -398,32 +390,3 @@ class RunDriver:
     async def _advance(self, status: RunStatus) -> None:
         self.status = status
         await self.store.advance(self.run_id, status)
-
-    # -- deadlines -------------------------------------------------------------------------------
-
-    # NOTE: per batch the driver only notes the token time (the Alarm recomputes when it rings).
-    # Once the run is stopping, the same alarm bounds the wait for the upstream's confirmation.
-    def _arm(self, delay: float | None = None) -> None:
-        self._timer.arm(self._next_deadline()[1] if delay is None else delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        if self.phase is Phase.STOPPING:  # the upstream did not confirm the stop in time
-            self._close_upstream()
-            return
-        if self.phase is not Phase.STREAMING and self.phase is not Phase.WAITING:
-            return
-        kind, left = self._next_deadline()
-        if left is not None and left <= 0:
-            self.stop(RunStatus.TIMED_OUT, f"deadline:{kind}", "timeout")
-        else:
-            self._arm(left)
-
-    def _next_deadline(self) -> tuple[str, float | None]:
-        return next_deadline(
-            self.spec.deadlines,
-            self.acct.started,
-            time.monotonic(),
-            admitted=self.status >= RunStatus.ADMITTED,
-            first_token_at=self.acct.first_arrival_at,
-            last_token_at=self.acct.last_arrival_at,
-        )

@@ -61,3 +61,14 @@ TERMINAL_ERROR_CODE: dict[RunStatus, str] = {
 def can_advance(current: RunStatus, new: RunStatus) -> bool:
     """Forward moves only, and nothing after a terminal state."""
     return not current.is_terminal and new > current
+
+
+class Phase(enum.IntEnum):
+    """Where a run's driver is (gateway/runs/driver.py), apart from the status the store
+    records: only the driver that runs the run knows it."""
+
+    NEW = 0  # nothing asked of the upstream yet
+    WAITING = 1  # queued in the gateway for the backend's capacity (flow control, design §12)
+    STREAMING = 2  # reading the upstream's stream; nothing decided
+    STOPPING = 3  # the ending is decided early; reading on for the upstream's confirmation
+    ENDED = 4  # the upstream's stream is over
