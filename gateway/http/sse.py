@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -71,6 +72,25 @@ def write_now(response: web.StreamResponse, body: bytes) -> None:
     step.close()
 
 
+def completes_now(step: Coroutine[Any, Any, Any]) -> bool:
+    """Run `step` to its end if it gets there without suspending (True). One that suspends is
+    cancelled where it waits, as a task's cancel would, and closed (False)."""
+    try:
+        step.send(None)
+    except StopIteration:
+        return True
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # its cancel, or its error
+        step.throw(asyncio.CancelledError())
+    step.close()
+    return False
+
+
+def _sse_response(headers: dict[str, str] | None, first: LogEvents | None) -> web.StreamResponse:
+    """A stream's response; with `first` events, its headers go out with them in one write."""
+    response_class = HeadersWithFirstWrite if first else web.StreamResponse
+    return response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
+
+
 class SlowClient(ConnectionError):
     """The client took no bytes for longer than the write timeout."""
 
@@ -122,13 +142,34 @@ class SSEWriter:
         framing: Framing | None = None,
     ) -> SSEWriter:
         """Start the stream; `first` events are framed into the same write as the headers."""
-        response_class = HeadersWithFirstWrite if first else web.StreamResponse
-        response = response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        response = _sse_response(headers, first)
         await response.prepare(request)
         writer = cls(response, ping_interval, write_timeout, request.transport, framing)
         await writer.send(first or [], preamble=RETRY)
-        if ping_interval > 0:
-            writer._wait_for_idle(ping_interval)
+        writer._start_heartbeat()
+        return writer
+
+    @classmethod
+    def open_now(
+        cls,
+        request: web.Request,
+        first: Callable[[], LogEvents],
+        ping_interval: float = 15.0,
+        headers: dict[str, str] | None = None,
+        write_timeout: float | None = None,
+        framing: Framing | None = None,
+    ) -> SSEWriter | None:
+        """`open` run in the caller's step, with no suspension: the run's driver opens a stream
+        that waits for its first events this way as it appends them (gateway/runs/follow.py).
+        `first` frames them, once the response is prepared. None where preparing it would wait
+        (a prepare hook reading a store): nothing was sent or framed, and the stream's own task
+        opens it as usual."""
+        response = HeadersWithFirstWrite(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        if not completes_now(response.prepare(request)):
+            return None
+        writer = cls(response, ping_interval, write_timeout, request.transport, framing)
+        writer.send_now(first(), preamble=RETRY)
+        writer._start_heartbeat()
         return writer
 
     @property
@@ -151,10 +192,10 @@ class SSEWriter:
             and transport.get_write_buffer_size() == 0
         )
 
-    def send_now(self, events: LogEvents) -> None:
+    def send_now(self, events: LogEvents, preamble: bytes = b"") -> None:
         """`send` for a client that is `ready`, without a suspension: the run's driver writes a
         caught-up stream's events this way as it appends them (gateway/runs/follow.py)."""
-        if body := self._body(events, b""):
+        if body := self._body(events, preamble):
             self._last_write = time.monotonic()
             write_now(self._response, body)
             self.behind = self._transport.get_write_buffer_size() > 0
@@ -231,6 +272,10 @@ class SSEWriter:
     # timer re-arms itself for the rest of the interval after any write, and only when a stream
     # has really been idle does it start a task to write the ping. A ping is one whole write, so
     # it can never split an event frame.
+    def _start_heartbeat(self) -> None:
+        if self._ping_interval > 0:
+            self._wait_for_idle(self._ping_interval)
+
     def _wait_for_idle(self, delay: float) -> None:
         self._heartbeat = asyncio.get_running_loop().call_later(delay, self._on_timer)
 

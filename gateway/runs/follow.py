@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -57,36 +57,65 @@ class _Delivery:
     client has taken every byte so far, a batch the run's driver appends is framed and written
     in the driver's own step, so a stream that keeps up costs no wake-up of its task and no read
     of the log per batch. Otherwise (a client behind, a write that fails) the stream's task is
-    woken and reads the batch itself, as it would without this."""
+    woken and reads the batch itself, as it would without this.
 
-    __slots__ = ("frames", "writer")
+    While the stream waits for its first events, `opening` opens it with them in the driver's
+    step as well (the headers and the first token leave as they are appended, not a turn of a
+    busy loop later). The stream's task is still woken, to finish what opening takes: it reads
+    the events again and sends only those after `opened_through`."""
 
-    def __init__(self, frames: Frames) -> None:
-        self.frames = frames
+    __slots__ = ("begun", "frames", "opened_through", "opening", "request", "stream", "writer")
+
+    def __init__(
+        self,
+        request: web.Request,
+        frames: Frames,
+        stream: dict[str, Any],
+        begun: list[SSEWriter],
+    ) -> None:
+        self.request, self.frames, self.stream, self.begun = request, frames, stream, begun
         self.writer: SSEWriter | None = None  # set once the stream's headers are out
+        self.opening = False  # the stream waits for its first events
+        self.opened_through = 0  # the log's last event that opening it sent
 
     def __call__(self, events: LogEvents) -> bool:
         writer = self.writer
-        if writer is None or not writer.ready:
+        if writer is None:
+            if self.opening:
+                self.opening = False
+                self._open(events)
+            return False
+        if not writer.ready:
             return False
         writer.send_now(self.frames.batch(events, False))
         return True
 
+    def _open(self, events: LogEvents) -> None:
+        writer = SSEWriter.open_now(self.request, lambda: self.frames.first(events), **self.stream)
+        if writer is not None:
+            self.writer = writer
+            self.begun.append(writer)
+            self.opened_through = events[-1][0]
+
 
 @contextlib.asynccontextmanager
 async def following(runs: RunManager, run_id: str) -> AsyncIterator[None]:
-    """Count this request as a follower of the run while inside, however it leaves."""
-    attach = asyncio.ensure_future(runs.attach(run_id))
+    """Count this request as a follower of the run while inside, however it leaves. NOTE:
+    counted at once where the store can (the run is driven here): an attach awaited in a task
+    of its own, shielded, costs the stream's first events two turns of a busy loop."""
+    attach = None if runs.attach_now(run_id) else asyncio.ensure_future(runs.attach(run_id))
     try:
-        await asyncio.shield(attach)
+        if attach is not None:
+            await asyncio.shield(attach)
         yield
     finally:
         await asyncio.shield(_detach_after(runs, attach, run_id))
 
 
-async def _detach_after(runs: RunManager, attach: asyncio.Future[None], run_id: str) -> None:
-    with contextlib.suppress(Exception):
-        await attach
+async def _detach_after(runs: RunManager, attach: asyncio.Future[None] | None, run_id: str) -> None:
+    if attach is not None:
+        with contextlib.suppress(Exception):
+            await attach
     # NOTE: a count this replica cannot write now is corrected by its next write for the run
     # (each replica's count is absolute); the stream must end cleanly all the same.
     with contextlib.suppress(StoreUnavailable, UnknownRun):
@@ -144,32 +173,38 @@ async def _follow(
     app = request.app
     runs, metrics, settings = app[RUNS], app[METRICS], app[SETTINGS]
     run_id = record.run_id
-    delivery = _Delivery(frames)
+    stream = {
+        "ping_interval": settings.ping_interval,
+        "headers": headers,
+        "write_timeout": settings.slow_client_timeout or None,
+        "framing": framing,
+    }
+    delivery = _Delivery(request, frames, stream, begun)
 
-    def follow() -> AsyncIterator[LogEvents]:
-        return runs.follow(run_id, frames.start, FOLLOW_BATCH, delivery)
+    def follow(after: int) -> AsyncIterator[LogEvents]:
+        return runs.follow(run_id, after, FOLLOW_BATCH, delivery)
 
     async with following(runs, run_id), contextlib.AsyncExitStack() as closing:
         # NOTE: the answer waits for the run's first events (so that a run refused before any,
         # a 400 from the worker say, is still a plain HTTP error), but only up to one heartbeat
-        # interval: a run stuck in a queue gets its headers and pings meanwhile. The stream's
-        # own task waits on the log, so the first events wake it once: a read in a task of its
-        # own, shielded from the timeout, cost two more turns of a busy loop per first token.
-        events = await closing.enter_async_context(contextlib.aclosing(follow()))
-        first, outran, waited = await _first_events(events, settings.ping_interval, resume)
-        if answer_refusal and first is None and not outran:  # the log ended with no event
-            terminal = (await runs.get(run_id)).terminal
-            if terminal is not None and terminal.refused:
-                raise terminal_error(terminal)
-        writer = await SSEWriter.open(
-            request,
-            settings.ping_interval,
-            headers,
-            first=None if outran else frames.first(first or []),
-            write_timeout=settings.slow_client_timeout or None,
-            framing=framing,
-        )
-        begun.append(writer)
+        # interval: a run stuck in a queue gets its headers and pings meanwhile. The run's
+        # driver opens the stream with the events it appends (`_Delivery`); the stream's own
+        # task, woken by them, then sends what came after those.
+        events = await closing.enter_async_context(contextlib.aclosing(follow(frames.start)))
+        delivery.opening = True
+        try:
+            first, outran, waited = await _first_events(events, settings.ping_interval, resume)
+        finally:
+            delivery.opening = False
+        writer = delivery.writer
+        if writer is None:
+            if answer_refusal and first is None and not outran:  # the log ended with no event
+                await _refuse(runs, run_id)
+            first = None if outran else frames.first(first or [])
+            writer = await SSEWriter.open(request, first=first, **stream)
+            begun.append(writer)
+        elif rest := [e for e in first or [] if e[0] > delivery.opened_through]:
+            await writer.send(frames.batch(rest, False))
         app[OPEN_STREAMS].add(asyncio.current_task())
         metrics.active_streams.inc()
         try:
@@ -177,12 +212,20 @@ async def _follow(
                 await _fell_behind(writer)
                 return
             if waited:  # the timeout ended that read: follow on from the same place
-                events = await closing.enter_async_context(contextlib.aclosing(follow()))
+                after = max(frames.start, delivery.opened_through)
+                events = await closing.enter_async_context(contextlib.aclosing(follow(after)))
             delivery.writer = writer
             await _relay(runs, run_id, events, writer, frames)
         finally:
             metrics.active_streams.dec()
             metrics.client_blocked.observe(writer.blocked)
+
+
+async def _refuse(runs: RunManager, run_id: str) -> None:
+    """A run whose log ended with no event: if it was refused, its HTTP error is the answer."""
+    terminal = (await runs.get(run_id)).terminal
+    if terminal is not None and terminal.refused:
+        raise terminal_error(terminal)
 
 
 async def _first_events(

@@ -135,7 +135,9 @@ class RunLife:
         _OPENING.add(task)  # held until it has opened: then its driver holds it
         task.add_done_callback(_OPENING.discard)
         try:
-            return await asyncio.shield(opened)
+            # NOTE: not shielded (a shield's two callbacks cost the answer two turns of a busy
+            # loop): this request's cancel cancels `opened`, which the opening task then sees
+            return await opened
         except asyncio.CancelledError:
             # NOTE: a client that goes away while its run is opening must not strand a claim,
             # a concurrency slot or a reservation: the opening completes, and its run, which
@@ -151,11 +153,15 @@ class RunLife:
             opened.cancel()
             raise
         except BaseException as exc:
-            opened.set_exception(exc)  # the request answers with it
+            if not opened.done():  # the request answers with it, unless it has gone
+                opened.set_exception(exc)
             if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the loop's too
                 raise
             return
-        opened.set_result(result)
+        if opened.cancelled():  # the request went away meanwhile
+            self._abandon(result)
+        else:
+            opened.set_result(result)
         _OPENING.discard(asyncio.current_task())
         # NOTE: the driver holds this request's settle, so it is not kept here as well: a
         # reference cycle would keep an ended run's log and result until the collector runs
@@ -274,9 +280,12 @@ class RunLife:
             )
 
     def _abandoned(self, opening: asyncio.Future[Opened]) -> None:
-        if opening.cancelled() or opening.exception() is not None:
-            return
-        opened = opening.result()
+        if not opening.cancelled() and opening.exception() is None:
+            self._abandon(opening.result())
+
+    def _abandon(self, opened: Opened) -> None:
+        """Nobody will read what this request opened: a run of its own that is not a
+        background one is cancelled (and settles like any other)."""
         background = self.spec.meta.get("background", False)  # read later, by its id
         if opened.run_id == self.spec.run_id and not background:  # ours: nobody will read it
             self.app[RUNS].cancel_here(opened.run_id, "disconnect")

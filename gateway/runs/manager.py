@@ -207,10 +207,19 @@ class RunManager:
     # -- followers -------------------------------------------------------------------------------
 
     async def attach(self, run_id: str) -> None:
+        self._end_grace(run_id)
+        await self.store.add_follower(run_id, 1)
+
+    def attach_now(self, run_id: str) -> bool:
+        """`attach` where the store counts the follower with no round trip; False where it
+        cannot (nothing was counted: await `attach`)."""
+        self._end_grace(run_id)
+        return self.store.add_follower_now(run_id, 1) is not None
+
+    def _end_grace(self, run_id: str) -> None:
         timer = self._grace.pop(run_id, None)
         if timer is not None:
             timer.cancel()
-        await self.store.add_follower(run_id, 1)
 
     async def detach(self, run_id: str) -> None:
         if await self.store.add_follower(run_id, -1) > 0:

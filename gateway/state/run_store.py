@@ -147,6 +147,10 @@ class RunStore(Protocol):
         """Count one of this replica's followers in (+1) or out (-1); returns the followers
         known to be there now (at least this replica's own)."""
 
+    def add_follower_now(self, run_id: str, delta: int) -> int | None:
+        """`add_follower` where it needs no round trip (the run's log is in this process); None
+        where it does, and nothing was counted: the caller awaits `add_follower`."""
+
     async def followers(self, run_id: str) -> int:
         """Every replica's followers of the run, as the store knows them now."""
 

@@ -261,6 +261,9 @@ class MemoryRunStore:
         return sum(entry.size for entry in self._runs.values())
 
     async def add_follower(self, run_id: str, delta: int) -> int:
+        return self.add_follower_now(run_id, delta)
+
+    def add_follower_now(self, run_id: str, delta: int) -> int:
         entry = self._entry(run_id)
         entry.followers = max(0, entry.followers + delta)
         if not entry.followers and entry.record.status.is_terminal:

@@ -129,9 +129,13 @@ class MirroredRunStore:
         return await self.shared.wait(run_id, after)
 
     async def add_follower(self, run_id: str, delta: int) -> int:
+        count = self.add_follower_now(run_id, delta)
+        return await self.shared.add_follower(run_id, delta) if count is None else count
+
+    def add_follower_now(self, run_id: str, delta: int) -> int | None:
         if not self.local.has(run_id):
-            return await self.shared.add_follower(run_id, delta)
-        count = await self.local.add_follower(run_id, delta)
+            return None
+        count = self.local.add_follower_now(run_id, delta)
         self.shared.count_locally(run_id, count)
         self.writes.followers(run_id, count)
         return count

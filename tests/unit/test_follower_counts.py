@@ -47,3 +47,19 @@ async def test_the_count_in_redis_is_the_last_one_counted_here(redis_space):  # 
         assert await other.followers(run) == 1 + here.local_followers(run)
     await here.close()
     await other.close()
+
+
+async def test_a_follower_is_counted_at_once_only_where_the_runs_log_is_here(store):  # noqa: F811
+    """`add_follower_now`: the in-process store and a replica's own runs on Redis count with no
+    round trip; plain Redis counts nothing and says so (None), for the caller to await."""
+    run = "run-1"
+    await store.create(RunRecord(run, tenant="t", model="m", created=0.0))
+    if isinstance(store, RedisRunStore):
+        assert store.add_follower_now(run, 1) is None
+        assert await store.followers(run) == 0
+        return
+    assert store.add_follower_now(run, 1) == 1
+    assert store.add_follower_now(run, 1) == 2
+    assert await store.followers(run) == 2  # Redis too, for the mirrored store
+    assert store.add_follower_now(run, -1) == 1
+    assert await store.add_follower(run, 0) == 1
