@@ -38,6 +38,12 @@ gives what each adds over the policies-off gateway.
 With `--compare TREE` (repeatable), one more gateway runs every cell from another source tree
 (another checkout of this repository, say the commit before a change: `git worktree add
 /tmp/before HEAD~5`), and a last table sets them side by side: before vs after, in one run.
+
+With `--pin`, the relays run on one half of the CPUs this process may use and everything else
+(the upstream, the load generator, this script) on the other: as a gateway runs on cores of its
+own in a deployment, no relay then shares a core with the load it is measured under, and a
+stall of the upstream or the load generator no longer lands in its TTFT. (A Redis store runs
+wherever its server does.)
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -91,11 +98,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compare", metavar="TREE", action="append", default=[], help="also run its gateway"
     )
+    p.add_argument(
+        "--pin", action="store_true", help="relays on half the CPUs, the rest on the other half"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.rounds, args.min_requests, args.min_seconds = 1, 1, 1, 0.3
     if unknown := set(args.store) - {"memory", "redis"}:
         p.error(f"--store: unknown store {', '.join(sorted(unknown))}")
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        p.error("--pin: this process may run on one CPU only")
     return args
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 from bench_tenants import JWT_SECRET
-from overhead_procs import ROOT, Processes, cpu_seconds, free_port, rss_mb
+from overhead_procs import ROOT, Processes, cpu_seconds, free_port, pin, rss_mb
 from overhead_relays import FLOORS, POLICY_RELAYS, SAFETY_RELAYS, relays
 
 FLOOR = "parsing"  # what the gateway's added TTFT is read against, when it runs
@@ -52,6 +52,8 @@ class Bench:
             text=True,
         )
         self.upstream_pid = upstream.pid
+        if args.pin:
+            pin(upstream.pid, self.loadgen.pid, list(self.procs.values()))
         procs.wait_ready("upstream", upstream, f"{upstream_url}/models")
         for name, proc in self.procs.items():
             procs.wait_ready(name, proc, f"http://127.0.0.1:{ports[name]}/healthz")

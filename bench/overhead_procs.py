@@ -80,6 +80,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pin(upstream: int, loadgen: int, relays: list[subprocess.Popen]) -> None:
+    """`--pin`: the relays on the upper half of the CPUs this process may use; the upstream, the
+    load generator and this process on the lower half (every thread of each, as it is now; the
+    threads they start later inherit it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    load, relaying = set(cpus[:half]), set(cpus[half:])
+    for pid in (upstream, loadgen, os.getpid()):
+        _pin_threads(pid, load)
+    for proc in relays:
+        _pin_threads(proc.pid, relaying)
+    print(
+        f"  pinned: relays on CPUs {sorted(relaying)}, the rest on {sorted(load)}", file=sys.stderr
+    )
+
+
+def _pin_threads(pid: int, cpus: set[int]) -> None:
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            os.sched_setaffinity(int(task), cpus)
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of one process, from /proc (clock-tick resolution)."""
     with open(f"/proc/{pid}/stat") as fh:
