@@ -85,9 +85,9 @@ def completes_now(step: Coroutine[Any, Any, Any]) -> bool:
     return False
 
 
-def _sse_response(headers: dict[str, str] | None, first: LogEvents | None) -> web.StreamResponse:
-    """A stream's response; with `first` events, its headers go out with them in one write."""
-    response_class = HeadersWithFirstWrite if first else web.StreamResponse
+def _sse_response(headers: dict[str, str] | None, with_first: bool) -> web.StreamResponse:
+    """A stream's response; `with_first` events, its headers go out with them in one write."""
+    response_class = HeadersWithFirstWrite if with_first else web.StreamResponse
     return response_class(status=200, headers={**SSE_HEADERS, **(headers or {})})
 
 
@@ -142,7 +142,7 @@ class SSEWriter:
         framing: Framing | None = None,
     ) -> SSEWriter:
         """Start the stream; `first` events are framed into the same write as the headers."""
-        response = _sse_response(headers, first)
+        response = _sse_response(headers, bool(first))
         await response.prepare(request)
         writer = cls(response, ping_interval, write_timeout, request.transport, framing)
         await writer.send(first or [], preamble=RETRY)
@@ -164,7 +164,7 @@ class SSEWriter:
         `first` frames them, once the response is prepared. None where preparing it would wait
         (a prepare hook reading a store): nothing was sent or framed, and the stream's own task
         opens it as usual."""
-        response = HeadersWithFirstWrite(status=200, headers={**SSE_HEADERS, **(headers or {})})
+        response = _sse_response(headers, with_first=True)
         if not completes_now(response.prepare(request)):
             return None
         writer = cls(response, ping_interval, write_timeout, request.transport, framing)
