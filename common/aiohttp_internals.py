@@ -2,8 +2,9 @@
 
 aiohttp has no public switch for three things the gateway's HTTP edge (gateway/http/) needs: a
 connection protocol of its own (to answer what never became a request), the state of a
-connection between requests, and a stream whose headers leave with its first events. That takes
-these names, each checked by `check()` when the gateway app or a worker app is built:
+connection between requests, and a stream whose headers leave with its first events; nor for
+its client's request body to leave at once on Python 3.11. That takes these names, each checked
+by `check()` when the gateway app or a worker app is built:
 
 - `web.AppRunner._make_server()`: overridden by `ProtocolRunner`, which lets aiohttp build its
   server as usual (the app started and frozen) and then builds one of its own class from it.
@@ -18,6 +19,9 @@ these names, each checked by `check()` when the gateway app or a worker app is b
   documented; overridden to answer what the parser refused in OpenAI's error shape.
 - `web.StreamResponse._send_headers_immediately`: False holds a stream's headers until its first
   write (aiohttp's own switch for `web.Response`), so headers and the first events leave in one.
+- `ClientRequest.write_bytes`: the coroutine aiohttp's client writes a request's body in, as
+  a task of its own; picked out by the loop's task factory (gateway/eager_tasks.py) to start
+  eagerly on Python 3.11, as aiohttp itself starts it on 3.12.
 - `aiohttp.http_exceptions` (`BadHttpMethod`, `InvalidHeader`, `LineTooLong`,
   `ContentEncodingError`): the parser's errors, which aiohttp does not export; told apart to
   say what was wrong with a request.
@@ -32,11 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import ClientRequest, web
 from aiohttp.http_exceptions import (
     BadHttpMethod,
     ContentEncodingError,
@@ -60,6 +64,7 @@ __all__ = [
     "problems",
     "stop_lingering",
     "version_problem",
+    "writes_request_body",
 ]
 
 # aiohttp major.minor: from the first (included) to the second (excluded)
@@ -74,6 +79,7 @@ REQUIRED: tuple[tuple[type, str], ...] = (
     (web.RequestHandler, "_lingering_time"),
     (web.RequestHandler, "handle_error"),
     (web.StreamResponse, "_send_headers_immediately"),
+    (ClientRequest, "write_bytes"),
 )
 SERVER_REQUIRED = ("_kwargs", "request_handler", "request_factory", "handler_cancellation")
 
@@ -91,6 +97,11 @@ def between_requests(protocol: web.RequestHandler) -> bool:
 def handling_request(protocol: web.RequestHandler) -> bool:
     """A request on this connection reached its handler (an answer may be on its way)."""
     return protocol._request_in_progress
+
+
+def writes_request_body(coro: Coroutine[Any, Any, Any]) -> bool:
+    """Whether `coro` is aiohttp's client writing a request's body (`ClientRequest.write_bytes`)."""
+    return getattr(coro, "cr_code", None) is ClientRequest.write_bytes.__code__
 
 
 def stop_lingering(protocol: web.RequestHandler) -> None:

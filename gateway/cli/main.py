@@ -18,6 +18,7 @@ from adapters.pool_routing import ROUTINGS
 from common.config import ConfigError
 from common.logs import configure_logging
 from common.worker_settings import DEVICES, DTYPES, SERVE_ENGINE_FLAGS, add_engine_arguments
+from gateway.eager_tasks import start_request_writes_eagerly
 from gateway.gc_policy import settle_for_serving
 from gateway.http.server import GatewayRunner
 from gateway.settings import LOG_LEVELS, SCHEDULINGS, TENANTS_STORES, Settings, load_settings
@@ -239,6 +240,7 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
     settle_for_serving()  # NOTE: after start-up, so what it built is frozen (gateway/gc_policy.py)
+    start_request_writes_eagerly(asyncio.get_running_loop())  # upstream requests leave at once
     if generated_key:
         models = app[CATALOG].models()
         print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)

@@ -36,6 +36,7 @@ from gateway.app_keys import (
     STARTED,
     TENANT,
 )
+from gateway.eager_tasks import start_eagerly
 from gateway.http.errors import APIError, overloaded
 from gateway.prices import Price
 from gateway.runs import replays
@@ -127,13 +128,14 @@ class RunLife:
         """Claim, reserve, start; or find what a repeat of this request answers from.
 
         The run opens in a task of its own, which then drives it: a run's first step upstream
-        waits for no second task to be scheduled (each new task waits out a turn of the loop,
-        under load a burst of other streams' chunks)."""
+        waits for no second task to be scheduled. That task starts eagerly: its way to the
+        upstream runs now, in this request's turn of the loop, not a turn later (under load a
+        burst of other streams' chunks)."""
         opened: asyncio.Future[Opened] = asyncio.get_running_loop().create_future()
-        name = f"run {self.spec.run_id}"
-        task = asyncio.create_task(self._open_and_drive(opened), name=name)
-        _OPENING.add(task)  # held until it has opened: then its driver holds it
-        task.add_done_callback(_OPENING.discard)
+        task = start_eagerly(self._open_and_drive(opened), name=f"run {self.spec.run_id}")
+        if not opened.done():  # held until it has opened: then its driver holds it
+            _OPENING.add(task)
+            task.add_done_callback(_OPENING.discard)
         try:
             # NOTE: not shielded (a shield's two callbacks cost the answer two turns of a busy
             # loop): this request's cancel cancels `opened`, which the opening task then sees

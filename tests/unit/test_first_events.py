@@ -163,3 +163,31 @@ async def test_a_request_cancelled_while_its_run_opens_leaves_that_run_cancelled
 
     terminal = await until(ended, "the abandoned run to end and settle")
     assert terminal.status is RunStatus.CANCELLED and terminal.cause == "cancel:disconnect"
+
+
+async def test_a_runs_way_upstream_runs_in_its_requests_own_turn(aiohttp_client):
+    """The run's opening task starts eagerly (gateway/eager_tasks.py): its upstream request
+    begins before anything the loop had scheduled runs, not a turn of the loop later."""
+    order: list[str] = []
+
+    class Entered(ScriptedAdapter):
+        async def stream(self, request, request_id):
+            order.append(f"upstream in {asyncio.current_task().get_name()}")
+            async for batch in super().stream(request, request_id):
+                yield batch
+
+    async def open_run(request: web.Request) -> web.Response:
+        body = await request.json()
+        life = RunLife(request, parse_chat_request(body), body)
+        asyncio.get_running_loop().call_soon(order.append, "the loop's next callback")
+        opened = await life.open()
+        order.append("opened")
+        return web.json_response({"run_id": opened.run_id})
+
+    app = gateway_app([Entered("scripted", text_script(PIECES))])
+    app.router.add_post("/v1/test/open", open_run)
+    client = await aiohttp_client(app)
+    resp = await client.post("/v1/test/open", json=chat_body(), headers=AUTH)
+    run_id = (await resp.json())["run_id"]
+    assert order[:2] == [f"upstream in run {run_id}", "opened"]
+    await until(lambda: not app[RUNS].drivers, "the run to end")
