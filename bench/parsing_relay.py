@@ -22,12 +22,18 @@ import orjson
 import uvloop
 from aiohttp import web
 
+from gateway.eager_tasks import start_request_writes_eagerly
+
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
 DONE = b"[DONE]"
 
 
 async def client_session(app: web.Application) -> AsyncIterator[None]:
+    # NOTE: as `sluice serve` does: aiohttp's task that writes the upstream request's body
+    # starts eagerly (on Python 3.11 it would wait out a turn), so the floor has no hand-off
+    # on a first token's way that the gateway does not have either
+    start_request_writes_eagerly(asyncio.get_running_loop())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         app[SESSION] = session
         yield
