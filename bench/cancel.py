@@ -80,6 +80,8 @@ def parse_args() -> Args:
 def model_path(name: str) -> str:
     if name != "tiny":
         return name
+    if str(ROOT) not in sys.path:  # testkit/ is not installed
+        sys.path.insert(0, str(ROOT))
     from testkit.tiny_model import build_tiny_model
 
     return str(build_tiny_model(Path(tempfile.mkdtemp(prefix="sluice-tiny-"))))

@@ -27,6 +27,7 @@ import structlog
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
 from adapters.events import Event
+from gateway.eager_tasks import start_eagerly
 from gateway.metrics import GatewayMetrics
 from gateway.overhead import RunOverhead
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
@@ -133,13 +134,15 @@ class RunDriver(DeadlineWatch):
             self.phase = Phase.STOPPING
             if source is not None:
                 self._arm(self.confirm_timeout)  # unconfirmed by then: close the stream
-            self._stopping = asyncio.create_task(self._stop_upstream(), name=f"stop {self.run_id}")
+            # NOTE: started eagerly: the abort leaves and the ending is written in this step,
+            # not a turn of a busy loop later (a cancel's latency is counted from here)
+            self._stopping = start_eagerly(self._stop_upstream(), name=f"stop {self.run_id}")
         return True
 
     async def _stop_upstream(self) -> None:
         """End the run for its clients now, and have the upstream stop."""
         source = self.ending.source if self.ending else None
-        abort = asyncio.ensure_future(self.spec.adapter.abort(self.run_id)) if source else None
+        abort = start_eagerly(self.spec.adapter.abort(self.run_id)) if source else None
         await self._write_ending()
         if abort is None:
             return

@@ -160,6 +160,21 @@ async def test_cancel_mid_stream_ends_cancelled_is_confirmed_and_clean():
     assert latency == {(): 1.0}
 
 
+async def test_a_cancel_asks_the_upstream_and_ends_the_run_in_the_cancellers_step():
+    """The stop starts eagerly (gateway/eager_tasks.py): by the time `cancel` returns, the
+    abort has been asked for and the ending is in the log, not a turn of the loop later."""
+    store, adapter, driver = await make_driver(
+        text_script([f"t{i}" for i in range(100)], delay=0.01)
+    )
+    task = driver.start()
+    await streaming(store, 3)
+    assert driver.cancel("client")
+    assert adapter.abort_calls == ["run-1"]
+    assert driver.terminal is not None and driver.terminal.status is RunStatus.CANCELLED
+    assert (await log(store))[-1]["error"]["code"] == "cancelled"
+    assert (await task).terminal is driver.terminal
+
+
 async def test_tokens_arriving_after_the_cancel_are_tail_not_sent():
     gate = asyncio.Event()
 
