@@ -86,9 +86,9 @@ class RunOverhead:
         self.sent_at: float | None = None
         self.upstream_done_at: float | None = None
 
-    def sent(self) -> None:
-        """The request goes to the backend's adapter now."""
-        self.sent_at = self.clock()
+    def sent(self, at: float | None = None) -> None:
+        """The request goes to the backend's adapter now (or went, `at`)."""
+        self.sent_at = self.clock() if at is None else at
 
     def upstream_done(self) -> None:
         self.upstream_done_at = self.clock()

@@ -140,13 +140,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
         except EngineNotRunning:
             return _not_ready()
         response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache"})
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             await _stream(response, first, events)
-        except ConnectionResetError:  # the client went away; closing `events` aborts the request
+        except ConnectionResetError:  # the client went away (before the headers, too: a
+            # gateway that closes a stream it began and will not read); closing `events` aborts
             log.info("client disconnected", request_id=engine_request.request_id)
             return response
         except Exception as e:  # after the 200: one error line, logged here without a trace
+            if not response.prepared:
+                raise
             log.error("stream failed", request_id=engine_request.request_id, error=type(e).__name__)
             line = api.ErrorLine("internal_error", "the stream failed")
             with contextlib.suppress(ConnectionResetError):

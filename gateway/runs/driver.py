@@ -6,12 +6,7 @@ The driver runs as its own task, apart from any HTTP connection: clients follow 
 run's status (RunStatus) is what the store records. The first of completion, an upstream
 failure, a cancel (from any source), a deadline or a lost store becomes the run's `ending`; the
 store's compare-and-set makes its terminal state the only one.
-
-There is one way to end early, `stop`: the ending is written at once (the terminal state and
-the error frame, so every client hears at once), the upstream is asked to stop at its next step,
-and the driver reads on until the upstream confirms: what arrives meanwhile is the tail, counted
-and never sent. An upstream that cannot abort in-band, or does not confirm within
-`confirm_timeout`, has its stream closed, which aborts the work there.
+There is one way to end early, `stop` (gateway/runs/stopping.py).
 """
 
 from __future__ import annotations
@@ -27,14 +22,13 @@ import structlog
 
 from adapters.base import BackendFailed, BackendRejected, BackendUnavailable
 from adapters.events import Event
-from gateway.eager_tasks import start_eagerly
 from gateway.metrics import GatewayMetrics
 from gateway.overhead import RunOverhead
 from gateway.runs.accounting import Ending, RunAccounting, record_outcome
 from gateway.runs.deadline_watch import DeadlineWatch
 from gateway.runs.deadlines import Alarm
+from gateway.runs.early_upstream import EarlyUpstream
 from gateway.runs.endings import (
-    STORE_LOST_CAUSE,
     ending,
     error_body,
     refusal,
@@ -45,6 +39,7 @@ from gateway.runs.flow_control import Shed, Withdrawn
 from gateway.runs.pipeline import RunPipeline, Stage
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import Phase, RunStatus
+from gateway.runs.stopping import CLOSE, Stopping
 from gateway.state.run_store import Chunk, LogClosed, RunStore, TerminalRecord
 from gateway.tasks import finish_then_reraise
 
@@ -52,10 +47,9 @@ BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed, Shed)
 log = structlog.get_logger("sluice.runs")
 
 Settle = Callable[[RunOutcome], Awaitable[None]]
-_CLOSE = "close the upstream stream"  # the driver's own cancel of its task, to close the stream
 
 
-class RunDriver(DeadlineWatch):
+class RunDriver(Stopping, DeadlineWatch):
     def __init__(
         self,
         spec: RunSpec,
@@ -66,9 +60,11 @@ class RunDriver(DeadlineWatch):
         settle: Settle | None = None,
         stages: Sequence[Stage] = (),
         created: int | None = None,
+        early: EarlyUpstream | None = None,
     ) -> None:
         """`settle` runs once the run is over and accounted (the tenant's refund, its usage
-        record); `created` is the run record's creation time (the chunks carry it)."""
+        record); `created` is the run record's creation time (the chunks carry it); `early`,
+        the run's upstream stream, begun while the run opened (gateway/runs/early_upstream.py)."""
         self.spec = spec
         self.run_id = spec.run_id
         self.store = store
@@ -91,6 +87,7 @@ class RunDriver(DeadlineWatch):
         self._task: asyncio.Task[Any] | None = None  # the task that runs `run`
         self._timer = Alarm()  # deadlines, then the stop's confirmation
         self._stopping: asyncio.Task[None] | None = None
+        self._early = early  # until `_drive` reads it (or `run` closes it unread)
 
     @property
     def task(self) -> asyncio.Task[Any] | None:
@@ -107,56 +104,6 @@ class RunDriver(DeadlineWatch):
         self._task = asyncio.current_task()
         return self._task
 
-    # -- ending early: the one way -------------------------------------------------------------
-
-    def cancel(self, source: str) -> bool:
-        """Stop the run (idempotent); `source` is `client`, `disconnect`, `shutdown`, … False when
-        its fate was already decided."""
-        return self.stop(RunStatus.CANCELLED, f"cancel:{source}", source)
-
-    def lose_store(self) -> bool:
-        """The shared store stayed away past its grace: end the run (failed,
-        `store_unavailable`) and stop the upstream; False when its fate was already decided."""
-        return self.stop(RunStatus.FAILED, STORE_LOST_CAUSE, "store")
-
-    def stop(
-        self, status: RunStatus, cause: str, source: str | None = None, error: dict | None = None
-    ) -> bool:
-        """Decide the run's early ending. With a `source` the upstream is told to stop (a cancel,
-        a deadline); without one it is ending by itself (it reported a failure)."""
-        if self.ending is not None:
-            return False
-        self.ending = Ending(status, cause, source, time.monotonic(), error)
-        self._timer.cancel()
-        if self.phase is Phase.WAITING and self.spec.ticket is not None:
-            self.spec.ticket.withdraw()  # its wait ends now: nothing was asked upstream
-        if self.phase is Phase.STREAMING:
-            self.phase = Phase.STOPPING
-            if source is not None:
-                self._arm(self.confirm_timeout)  # unconfirmed by then: close the stream
-            # NOTE: started eagerly: the abort leaves and the ending is written in this step,
-            # not a turn of a busy loop later (a cancel's latency is counted from here)
-            self._stopping = start_eagerly(self._stop_upstream(), name=f"stop {self.run_id}")
-        return True
-
-    async def _stop_upstream(self) -> None:
-        """End the run for its clients now, and have the upstream stop."""
-        source = self.ending.source if self.ending else None
-        abort = start_eagerly(self.spec.adapter.abort(self.run_id)) if source else None
-        await self._write_ending()
-        if abort is None:
-            return
-        try:
-            in_band = await abort
-        except Exception:  # any failure here means: close the stream instead
-            in_band = False
-        if not in_band:
-            self._close_upstream()
-
-    def _close_upstream(self) -> None:
-        if self.phase is Phase.STOPPING and self._task is not None and not self._task.done():
-            self._task.cancel(_CLOSE)
-
     # -- the run's life ------------------------------------------------------------------------
 
     async def run(self) -> RunOutcome:
@@ -168,7 +115,7 @@ class RunDriver(DeadlineWatch):
                 else:  # stopped before the first step: nothing was started upstream
                     self.acct.confirmed_at = self.ending.at
             except asyncio.CancelledError as exc:
-                if exc.args != (_CLOSE,):  # the gateway is shutting down
+                if exc.args != (CLOSE,):  # the gateway is shutting down
                     raise
                 self.phase = Phase.ENDED
                 asyncio.current_task().uncancel()  # our own: the stream is closed; settle
@@ -201,6 +148,9 @@ class RunDriver(DeadlineWatch):
             self.phase = Phase.ENDED
             self._timer.cancel()
             self._give_back_capacity()
+            if self._early is not None:  # ended before its first step: close what was begun
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._early.aclose())
             if self._stopping is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._stopping)
@@ -223,9 +173,14 @@ class RunDriver(DeadlineWatch):
             return
         self.phase = Phase.STREAMING
         self._arm()
-        self.overhead.sent()
+        events, self._early = self._early, None
+        if events is None:
+            self.overhead.sent()
+            events = self.spec.adapter.stream(self.spec.chat, self.run_id)
+        else:
+            self.overhead.sent(events.sent_at)
         try:
-            async with aclosing(self.spec.adapter.stream(self.spec.chat, self.run_id)) as events:
+            async with aclosing(events):
                 ended = await self._read(events)
         finally:
             self._give_back_capacity()  # the backend is done with it: the next may go

@@ -50,6 +50,7 @@ from gateway.runs.admission import (
 )
 from gateway.runs.aliases import alias_ticket
 from gateway.runs.driver import RunDriver
+from gateway.runs.early_upstream import EarlyUpstream
 from gateway.runs.flow_control import Shed, Ticket
 from gateway.runs.manager import new_run_id
 from gateway.runs.spec import RunOutcome, RunSpec
@@ -251,23 +252,44 @@ class RunLife:
             ttl = app[SETTINGS].idempotency_ttl
             claim = KeyClaim(self.tenant.name, self.key, fingerprint, spec.run_id, ttl)
         record = app[RUNS].record_for(spec)
+        quota = quota_request(app, self.tenant, self.chat, spec.run_id)
+        early = None
+        if claim is None and quota is None and opener.runs.health.available:
+            early = self._early_upstream()
         try:
-            opening = await opener.open(
-                claim, quota_request(app, self.tenant, self.chat, spec.run_id), record
-            )
+            opening = await opener.open(claim, quota, record)
+            if opening.held is not None:
+                return None
         except QuotaExceeded as exc:
             self.request[RATE_HEADERS] = {}  # a refusal carries its own
             raise refused(app, exc) from None
-        if opening.held is not None:
-            return None
+        except BaseException as exc:
+            if early is not None:  # no run (Redis away): nothing upstream works for it
+                await asyncio.shield(early.aclose())
+                if spec.trace is not None:
+                    spec.trace.abandon(type(exc).__name__)
+            raise
         self.admission = opening.admission
         self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
         try:
-            self._driver = await app[RUNS].start(spec, self.settle, record, here=True)
+            self._driver = await app[RUNS].start(spec, self.settle, record, here=True, early=early)
         except BaseException:
+            if early is not None:
+                await asyncio.shield(early.aclose())
             await asyncio.shield(self._give_back())
             raise
         return Opened(spec.run_id)
+
+    def _early_upstream(self) -> EarlyUpstream | None:
+        """The run's upstream request, sent now, while the opening that can refuse nothing
+        is on its way (gateway/runs/early_upstream.py); None where the run waits its turn at
+        its backend. A traced run's span opens first: the upstream call carries it."""
+        spec = self.spec
+        if spec.ticket is None or not spec.ticket.dispatched:
+            return None
+        if spec.trace is not None:
+            spec.trace.start(spec, None)
+        return EarlyUpstream(spec.adapter, self.chat, spec.run_id)
 
     async def _give_back(self) -> None:
         """The run did not start: its reservation and its key go back."""

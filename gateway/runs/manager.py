@@ -22,6 +22,7 @@ import structlog
 
 from gateway.metrics import GatewayMetrics
 from gateway.runs.driver import RunDriver, Settle
+from gateway.runs.early_upstream import EarlyUpstream
 from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
 from gateway.runs.stages import build_stages
@@ -151,11 +152,13 @@ class RunManager:
         record: RunRecord | None = None,
         *,
         here: bool = False,
+        early: EarlyUpstream | None = None,
     ) -> RunDriver:
         """Create the run and start driving it; `settle` runs with its outcome once it is over.
         The caller attaches to follow it. `record`: the store has it already (from
         `record_for`, written with the request's claim and admission). `here`: the calling
-        task drives it: the caller awaits the driver's `run()` next (RunDriver.adopt)."""
+        task drives it: the caller awaits the driver's `run()` next (RunDriver.adopt).
+        `early`: its upstream stream, begun while it opened; the driver owns it from here."""
         if record is None:
             record = self.record_for(spec)
             await self.store.create(record)
@@ -169,6 +172,7 @@ class RunManager:
             settle=settle,
             stages=build_stages(spec, self.metrics, self.moderation),
             created=int(record.created),
+            early=early,
         )
         self.drivers[spec.run_id] = driver
         task = driver.adopt() if here else driver.start()

@@ -24,7 +24,13 @@ class RunTrace(Protocol):
     traceparent: str
 
     def start(self, spec: RunSpec, settle: Settle | None) -> Settle:
-        """Open the span (backdated to the request's arrival); the returned settle ends it."""
+        """Open the span (backdated to the request's arrival), once; the returned settle ends
+        it."""
+        ...
+
+    def abandon(self, error: str) -> None:
+        """End a span opened for a run that never started (its opening failed after its
+        upstream call had left), as an error of type `error`."""
         ...
 
     def attach(self, acct: RunAccounting) -> dict[str, str] | None:

@@ -73,6 +73,17 @@ class OtelRunTrace:
         return self._tp
 
     def start(self, spec: RunSpec, settle: Settle | None) -> Settle:
+        if self.span is None:  # once: a run whose upstream call left early opened it then
+            self._open(spec)
+
+        async def settle_traced(outcome: RunOutcome) -> None:
+            self.end(spec, outcome)
+            if settle is not None:
+                await settle(outcome)
+
+        return settle_traced
+
+    def _open(self, spec: RunSpec) -> None:
         chat = spec.chat
         operation = "chat" if chat.prompt is None else "text_completion"
         attributes: dict[str, Any] = {
@@ -103,12 +114,13 @@ class OtelRunTrace:
         self._tp = traceparent(span)
         chat.trace = self
 
-        async def settle_traced(outcome: RunOutcome) -> None:
-            self.end(spec, outcome)
-            if settle is not None:
-                await settle(outcome)
-
-        return settle_traced
+    def abandon(self, error: str) -> None:
+        span = self.span
+        if span is None or not span.is_recording():
+            return
+        span.set_attribute("error.type", error)
+        span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
 
     def attach(self, acct: RunAccounting) -> dict[str, str] | None:
         self._acct = acct

@@ -12,10 +12,12 @@ import textwrap
 
 import pytest
 import tomlkit
-from openai import AsyncOpenAI
+from openai import APIStatusError, AsyncOpenAI
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app_keys import OPENER
+from gateway.state.run_store import StoreUnavailable
 from policies.tenants_file import create_key
 from testkit.otlp_receiver import otlp_receiver, span_named
 from testkit.scripted_upstream import UpstreamState, make_app
@@ -58,10 +60,13 @@ async def stream_chat(api: AsyncOpenAI, model: str = "scripted", **extra) -> str
 
 
 async def test_a_run_is_one_client_span_after_the_genai_conventions(
-    upstream, receiver, aiohttp_client
+    upstream, receiver, aiohttp_client, store_settings
 ):
+    """On Redis the upstream call leaves before the run's opening is back (it can refuse
+    nothing here, gateway/runs/early_upstream.py): the span opens first, and the call carries
+    it all the same."""
     state, url = upstream
-    _, api = await openai_client(aiohttp_client, traced_app(url, receiver))
+    _, api = await openai_client(aiohttp_client, traced_app(url, receiver, **store_settings))
     run_id = await stream_chat(
         api, max_tokens=3, temperature=0.5, stream_options={"include_usage": True}
     )
@@ -89,6 +94,27 @@ async def test_a_run_is_one_client_span_after_the_genai_conventions(
     assert "sluice.cancel_source" not in a
     # the upstream call carried the run span as its parent, sampled
     (record,) = state.records
+    assert record.headers["traceparent"] == f"00-{span.trace_id}-{span.span_id}-01"
+
+
+@pytest.mark.parametrize("store_settings", ["redis"], indirect=True)
+async def test_a_run_whose_opening_failed_after_its_call_left_ends_its_span_an_error(
+    upstream, receiver, aiohttp_client, store_settings
+):
+    state, url = upstream
+    app = traced_app(url, receiver, **store_settings)
+    _, api = await openai_client(aiohttp_client, app)
+
+    async def away(*args):
+        raise StoreUnavailable("redis is away")
+
+    app[OPENER].open = away
+    with pytest.raises(APIStatusError) as refused:
+        await stream_chat(api, max_tokens=2)
+    assert refused.value.status_code == 503
+    span = await receiver.wait(lambda s: span_named(s, "chat scripted"), "the run's span")
+    assert span.attributes["error.type"] == "StoreUnavailable"
+    (record,) = state.records  # the call that left early, closed: it carried the span
     assert record.headers["traceparent"] == f"00-{span.trace_id}-{span.span_id}-01"
 
 

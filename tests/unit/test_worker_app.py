@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from tests.support.metric_names import WORKER_METRICS
 from tests.support.waiting import until
@@ -166,6 +168,42 @@ async def test_closing_the_connection_aborts(client) -> None:
     assert await generated_tokens(client) < 200  # stopped long before max_tokens=1000
     assert (after["waiting"], after["running"], after["kv_blocks_used"]) == (0, 0, 0)
     assert after["kv_blocks_total"] > 0
+
+
+async def test_a_client_gone_before_the_headers_is_a_disconnect_not_an_error(client) -> None:
+    """A gateway closes a stream it began and will not read (its run's opening failed): the
+    worker may find the connection gone as it sends its headers. That is an abort like any
+    other hang-up, logged as one, and nothing is left running."""
+    service = client.app[SERVICE]
+    real, entered, release = service.generate, asyncio.Event(), asyncio.Event()
+
+    async def held(request):  # the engine's first line waits until the client has gone
+        entered.set()
+        await release.wait()
+        async for line in real(request):
+            yield line
+
+    service.generate = held
+    request = orjson.dumps(body(max_tokens=1000))
+    connections = client.server.runner.server.connections
+    kept = len(connections)  # the test client's own, kept alive
+    with capture_logs() as logs:
+        _reader, writer = await asyncio.open_connection(client.host, client.port)
+        writer.write(
+            b"POST /v1/generate HTTP/1.1\r\nHost: worker\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(request)}\r\n\r\n".encode()
+            + request
+        )
+        await entered.wait()
+        writer.close()
+        await writer.wait_closed()
+        await until(lambda: len(connections) == kept, "the worker to see the connection gone")
+        release.set()
+        after = await wait_for_idle(client)
+    assert [e["event"] for e in logs if e["log_level"] in ("error", "warning")] == []
+    assert [e["event"] for e in logs if e.get("request_id") == "req-1"] == ["client disconnected"]
+    assert (after["waiting"], after["running"], after["kv_blocks_used"]) == (0, 0, 0)
+    assert await generated_tokens(client) < 1000  # stopped long before max_tokens
 
 
 async def test_duplicate_live_request_id_is_400(client) -> None:
