@@ -16,8 +16,10 @@ import structlog
 
 from adapters.events import Aborted, Event, TextDelta, ToolCallDelta, Usage
 from gateway.metrics import GatewayMetrics
+from gateway.prices import Price
 from gateway.runs.spec import RunOutcome, RunSpec
 from gateway.runs.status import PUBLIC_STATUS, RunStatus
+from gateway.state.ledger import UsageRecord
 from gateway.state.run_store import TerminalRecord
 from gateway.tracing import RunTrace
 
@@ -262,3 +264,26 @@ def _round(seconds: float | None) -> float | None:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
+
+
+def usage_record(outcome: RunOutcome, price: Price | None = None) -> UsageRecord:
+    """The run's usage record; `cost` at `price`, the served model's (None: it has none), the
+    tail included in the generated tokens (the upstream produced them)."""
+    prompt = outcome.prompt_tokens or 0
+    return UsageRecord(
+        run_id=outcome.run_id,
+        tenant=outcome.tenant,
+        principal=outcome.principal,
+        model=outcome.model,
+        status=PUBLIC_STATUS[outcome.status],
+        finish_reason=outcome.finish_reason,
+        cancel_source=outcome.cancel_source,
+        prompt_tokens=prompt,
+        generated_tokens=outcome.generated_tokens,
+        sent_tokens=outcome.sent_tokens,
+        tail_tokens=outcome.tail_tokens,
+        ttft_s=outcome.ttft_s,
+        e2e_s=outcome.e2e_s,
+        ended_at=time.time(),
+        cost=None if price is None else price.cost(prompt, outcome.generated_tokens),
+    )

@@ -8,15 +8,26 @@ APIErrors the client gets.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from aiohttp import web
 
 from adapters.base import Adapter
 from adapters.fallback import FallbackAdapter
 from adapters.requests import ChatRequest
-from gateway.app_keys import CATALOG, HEALTH, METRICS, MODEL_LABEL, PRICES, QUOTAS, SETTINGS
+from gateway.app_keys import (
+    CATALOG,
+    DEFERRED,
+    HEALTH,
+    METRICS,
+    MODEL_LABEL,
+    PRICES,
+    QUOTAS,
+    SETTINGS,
+)
 from gateway.http.errors import APIError, invalid_request, model_not_found, overloaded
 from gateway.runs.aliases import alias_run
-from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest
+from policies.quotas import Admission, QuotaExceeded, QuotaLimits, QuotaRequest, nanos
 from policies.quotas import estimate_prompt_tokens as estimate
 from policies.tenants import Tenant, TenantLimits
 from wire.share import Share
@@ -154,6 +165,24 @@ def quota_request(
     price = app[PRICES].get(chat.model) if limits.budget_cost is not None else None
     cost = price.cost_nanos(prompt, max_tokens * chat.n) if price is not None else 0
     return QuotaRequest(tenant.name, run_id, tokens, limits, cost)
+
+
+def release(
+    app: web.Application,
+    chat: ChatRequest,
+    admission: Admission,
+    prompt_tokens: int | None,
+    generated_tokens: int,
+    model: str,
+) -> Awaitable[None]:
+    """Give the run's reservation back, charged what it used: its tokens (the prompt's estimate
+    where the upstream reported none) and what they cost at the serving model's price, as its
+    usage record bills them; deferred while Redis is away."""
+    price = app[PRICES].get(model)
+    cost = 0 if price is None else nanos(price.cost(prompt_tokens or 0, generated_tokens))
+    prompt = prompt_tokens if prompt_tokens is not None else prompt_estimate(chat)
+    used = prompt + generated_tokens
+    return app[DEFERRED].run("quota release", lambda: app[QUOTAS].release(admission, used, cost))
 
 
 def refused(app: web.Application, exc: QuotaExceeded) -> APIError:

@@ -47,6 +47,8 @@ BACKEND_ERRORS = (BackendRejected, BackendUnavailable, BackendFailed, Shed)
 log = structlog.get_logger("sluice.runs")
 
 Settle = Callable[[RunOutcome], Awaitable[None]]
+# a completed run's prompt and generated tokens and serving model, before its ending is written
+BeforeEnding = Callable[[int | None, int, str], Awaitable[None]]
 
 
 class RunDriver(Stopping, DeadlineWatch):
@@ -61,16 +63,19 @@ class RunDriver(Stopping, DeadlineWatch):
         stages: Sequence[Stage] = (),
         created: int | None = None,
         early: EarlyUpstream | None = None,
+        before_ending: BeforeEnding | None = None,
     ) -> None:
         """`settle` runs once the run is over and accounted (the tenant's refund, its usage
         record); `created` is the run record's creation time (the chunks carry it); `early`,
-        the run's upstream stream, begun while the run opened (gateway/runs/early_upstream.py)."""
+        the run's upstream stream, begun while the run opened (gateway/runs/early_upstream.py);
+        `before_ending`, what a completed run settles before its clients hear it ended."""
         self.spec = spec
         self.run_id = spec.run_id
         self.store = store
         self.metrics = metrics or GatewayMetrics()
         self.confirm_timeout = confirm_timeout
         self.settle = settle
+        self.before_ending = before_ending
         chat = spec.chat
         created = int(time.time()) if created is None else created
         tier = chat.share.tier if chat.share is not None else None
@@ -309,6 +314,9 @@ class RunDriver(Stopping, DeadlineWatch):
         record = TerminalRecord(
             RunStatus.COMPLETED, self.ending.cause, reason, completion, at=time.time()
         )
+        if self.before_ending is not None:  # its counts are final: the upstream is done
+            model = self.pipeline.model or self.spec.chat.model
+            await self.before_ending(self.acct.prompt_tokens, self.acct.generated_tokens, model)
         await self._finish(record, None)
 
     async def _write_ending(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from dataclasses import dataclass, field, replace
 
 from aiohttp import web
@@ -38,14 +37,15 @@ from gateway.app_keys import (
 )
 from gateway.eager_tasks import start_eagerly
 from gateway.http.errors import APIError, overloaded
-from gateway.prices import Price
 from gateway.runs import replays
+from gateway.runs.accounting import usage_record
 from gateway.runs.admission import (
     backend_for,
     no_wait,
     prompt_estimate,
     quota_request,
     refused,
+    release,
     reserve,
 )
 from gateway.runs.aliases import alias_ticket
@@ -54,17 +54,17 @@ from gateway.runs.early_upstream import EarlyUpstream
 from gateway.runs.flow_control import Shed, Ticket
 from gateway.runs.manager import new_run_id
 from gateway.runs.spec import RunOutcome, RunSpec
-from gateway.runs.status import PUBLIC_STATUS
-from gateway.state.ledger import UsageRecord
 from gateway.state.redis_open import KeyClaim, RedisOpener
 from gateway.state.run_store import TerminalRecord
 from gateway.tracing.setup import run_trace
 from policies.idempotency import body_fingerprint
-from policies.quotas import Admission, QuotaExceeded, nanos
+from policies.quotas import Admission, QuotaExceeded
 
 # The run's id, on the answer that starts it: a stream's headers go out (at the latest one
 # heartbeat interval in) before its first chunk, which may wait while the run is queued.
 RUN_ID_HEADER = "x-sluice-run-id"
+# Seconds a completed run's slot release may hold its ending back (RunLife._free_slot).
+SLOT_BACK_WITHIN = 0.25
 # The tasks opening runs: the loop holds tasks weakly, and one whose client left has no other
 # holder until its driver (RunManager.drivers) holds it.
 _OPENING: set[asyncio.Task[None]] = set()
@@ -236,7 +236,9 @@ class RunLife:
                 self.request[RATE_HEADERS] = {}  # a refusal carries its own
                 raise
             self.request[RATE_HEADERS] = headers
-            self._driver = await self.app[RUNS].start(self.spec, self.settle, here=True)
+            self._driver = await self.app[RUNS].start(
+                self.spec, self.settle, here=True, before_ending=self._free_slot
+            )
         except BaseException:
             await asyncio.shield(self._give_back())
             raise
@@ -272,7 +274,9 @@ class RunLife:
         self.admission = opening.admission
         self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
         try:
-            self._driver = await app[RUNS].start(spec, self.settle, record, here=True, early=early)
+            self._driver = await app[RUNS].start(
+                spec, self.settle, record, here=True, early=early, before_ending=self._free_slot
+            )
         except BaseException:
             if early is not None:
                 await asyncio.shield(early.aclose())
@@ -290,6 +294,28 @@ class RunLife:
         if spec.trace is not None:
             spec.trace.start(spec, None)
         return EarlyUpstream(spec.adapter, self.chat, spec.run_id)
+
+    async def _free_slot(
+        self, prompt_tokens: int | None, generated_tokens: int, model: str
+    ) -> None:
+        """A completed run gives its reservation back before its clients hear it ended, where it
+        holds a concurrency slot: a client that sends its next request the moment it reads
+        `[DONE]` finds the slot free (on Redis the release is a round trip, which the settlement,
+        after the ending, made a moment too late). Bounded, and only while Redis answers: else
+        the settlement gives it back, as for a run that ended early."""
+        admission = self.admission
+        if admission is None or admission.limits.max_concurrent is None:
+            return
+        if not self.app[RUNS].health.available:
+            return
+        try:
+            async with asyncio.timeout(SLOT_BACK_WITHIN):
+                await release(
+                    self.app, self.chat, admission, prompt_tokens, generated_tokens, model
+                )
+        except Exception:  # a timeout, a failure: the settlement releases (idempotently)
+            return
+        self.admission = None
 
     async def _give_back(self) -> None:
         """The run did not start: its reservation and its key go back."""
@@ -332,17 +358,9 @@ class RunLife:
                     lambda: replays.remember(app, outcome.tenant, key, outcome.run_id, terminal),
                 )
             )
-        prompt = outcome.prompt_tokens
-        if self.admission is not None:
-            admission = self.admission
-            used = (prompt if prompt is not None else prompt_estimate(self.chat)) + (
-                outcome.generated_tokens
-            )
-            cost = 0 if record.cost is None else nanos(record.cost)  # what the record bills
-            release = deferred.run(
-                "quota release", lambda: app[QUOTAS].release(admission, used, cost)
-            )
-            writes.append(release)
+        if self.admission is not None:  # not already given back as it ended
+            counts = (outcome.prompt_tokens, outcome.generated_tokens, outcome.model)
+            writes.append(release(app, self.chat, self.admission, *counts))
         for result in await asyncio.gather(*writes, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
@@ -365,26 +383,3 @@ def opens_with_shared_prompt(messages: list[Message], shared: frozenset[str]) ->
     text is then cached for all tenants (design §5); a near miss shares nothing."""
     first = messages[0] if messages else None
     return first is not None and first.role in ("system", "developer") and first.content in shared
-
-
-def usage_record(outcome: RunOutcome, price: Price | None = None) -> UsageRecord:
-    """The run's usage record; `cost` at `price`, the served model's (None: it has none), the
-    tail included in the generated tokens (the upstream produced them)."""
-    prompt = outcome.prompt_tokens or 0
-    return UsageRecord(
-        run_id=outcome.run_id,
-        tenant=outcome.tenant,
-        principal=outcome.principal,
-        model=outcome.model,
-        status=PUBLIC_STATUS[outcome.status],
-        finish_reason=outcome.finish_reason,
-        cancel_source=outcome.cancel_source,
-        prompt_tokens=prompt,
-        generated_tokens=outcome.generated_tokens,
-        sent_tokens=outcome.sent_tokens,
-        tail_tokens=outcome.tail_tokens,
-        ttft_s=outcome.ttft_s,
-        e2e_s=outcome.e2e_s,
-        ended_at=time.time(),
-        cost=None if price is None else price.cost(prompt, outcome.generated_tokens),
-    )

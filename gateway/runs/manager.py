@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import structlog
 
 from gateway.metrics import GatewayMetrics
-from gateway.runs.driver import RunDriver, Settle
+from gateway.runs.driver import BeforeEnding, RunDriver, Settle
 from gateway.runs.early_upstream import EarlyUpstream
 from gateway.runs.endings import LOST_CAUSE, ending
 from gateway.runs.spec import RunSpec
@@ -153,12 +153,14 @@ class RunManager:
         *,
         here: bool = False,
         early: EarlyUpstream | None = None,
+        before_ending: BeforeEnding | None = None,
     ) -> RunDriver:
         """Create the run and start driving it; `settle` runs with its outcome once it is over.
         The caller attaches to follow it. `record`: the store has it already (from
         `record_for`, written with the request's claim and admission). `here`: the calling
         task drives it: the caller awaits the driver's `run()` next (RunDriver.adopt).
-        `early`: its upstream stream, begun while it opened; the driver owns it from here."""
+        `early`: its upstream stream, begun while it opened; the driver owns it from here.
+        `before_ending`: RunDriver's."""
         if record is None:
             record = self.record_for(spec)
             await self.store.create(record)
@@ -173,6 +175,7 @@ class RunManager:
             stages=build_stages(spec, self.metrics, self.moderation),
             created=int(record.created),
             early=early,
+            before_ending=before_ending,
         )
         self.drivers[spec.run_id] = driver
         task = driver.adopt() if here else driver.start()

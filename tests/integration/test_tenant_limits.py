@@ -307,6 +307,28 @@ async def test_unused_tokens_are_refunded_when_the_run_settles(
     assert sse_events(await again.read())[-1].data == "[DONE]"
 
 
+async def test_a_completed_runs_slot_is_free_when_its_client_reads_done(
+    aiohttp_client, store_settings, tmp_path
+):
+    """A client allowed one run at a time sends its next request the moment it reads `[DONE]`:
+    never refused (the slot goes back before the ending is written), and its tokens were
+    refunded by then as well."""
+    path, auth = write_tenants(tmp_path, max_concurrent=1, tpm=10_000)
+    client = await gateway(
+        aiohttp_client, store_settings, path, [ScriptedAdapter("scripted", short_script)]
+    )
+    remaining = []
+    for _ in range(5):
+        resp = await post(client, auth, stream=True, max_tokens=500)
+        assert resp.status == 200, await resp.text()
+        remaining.append(int(resp.headers["x-ratelimit-remaining-tokens"]))
+        assert sse_events(await resp.read())[-1].data == "[DONE]"
+    used = 5 + 3  # the short script's usage: prompt 5, completion 3
+    reserved = reservation(500)
+    assert remaining == [10_000 - used * n - reserved for n in range(5)]
+    assert (await rejections(client)).get("concurrency", 0) == 0
+
+
 # -- 4. cancelled, failed and timed-out runs free their slot ---------------------------------------
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from common.config import ConfigError
 from gateway.prices import Price, unserved
-from gateway.runs.life import usage_record
+from gateway.runs.accounting import usage_record
 from gateway.runs.spec import RunOutcome
 from gateway.runs.status import RunStatus
 from gateway.settings import load_settings
