@@ -63,7 +63,7 @@ from policies.quotas import Admission, QuotaExceeded
 # The run's id, on the answer that starts it: a stream's headers go out (at the latest one
 # heartbeat interval in) before its first chunk, which may wait while the run is queued.
 RUN_ID_HEADER = "x-sluice-run-id"
-# Seconds a completed run's slot release may hold its ending back (RunLife._free_slot).
+# Seconds a completed run's quota release may hold its ending back (RunLife._release_first).
 SLOT_BACK_WITHIN = 0.25
 # The tasks opening runs: the loop holds tasks weakly, and one whose client left has no other
 # holder until its driver (RunManager.drivers) holds it.
@@ -237,7 +237,7 @@ class RunLife:
                 raise
             self.request[RATE_HEADERS] = headers
             self._driver = await self.app[RUNS].start(
-                self.spec, self.settle, here=True, before_ending=self._free_slot
+                self.spec, self.settle, here=True, before_ending=self._release_first
             )
         except BaseException:
             await asyncio.shield(self._give_back())
@@ -275,7 +275,7 @@ class RunLife:
         self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
         try:
             self._driver = await app[RUNS].start(
-                spec, self.settle, record, here=True, early=early, before_ending=self._free_slot
+                spec, self.settle, record, here=True, early=early, before_ending=self._release_first
             )
         except BaseException:
             if early is not None:
@@ -295,18 +295,16 @@ class RunLife:
             spec.trace.start(spec, None)
         return EarlyUpstream(spec.adapter, self.chat, spec.run_id)
 
-    async def _free_slot(
+    async def _release_first(
         self, prompt_tokens: int | None, generated_tokens: int, model: str
     ) -> None:
-        """A completed run gives its reservation back before its clients hear it ended, where it
-        holds a concurrency slot: a client that sends its next request the moment it reads
-        `[DONE]` finds the slot free (on Redis the release is a round trip, which the settlement,
-        after the ending, made a moment too late). Bounded, and only while Redis answers: else
-        the settlement gives it back, as for a run that ended early."""
+        """A completed run gives its reservation back before its clients hear it ended: a client
+        that sends its next request the moment it reads `[DONE]` finds its concurrency slot free
+        and its unused tokens refunded (on Redis the release is a round trip, which the
+        settlement, after the ending, made a moment too late). Bounded, and only while Redis
+        answers: else the settlement gives it back, as for a run that ended early."""
         admission = self.admission
-        if admission is None or admission.limits.max_concurrent is None:
-            return
-        if not self.app[RUNS].health.available:
+        if admission is None or not self.app[RUNS].health.available:
             return
         try:
             async with asyncio.timeout(SLOT_BACK_WITHIN):
