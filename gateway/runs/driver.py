@@ -5,8 +5,8 @@ The driver runs as its own task, apart from any HTTP connection: clients follow 
 (and may come and go); the driver alone talks to the upstream. Its `phase` says where it is; the
 run's status (RunStatus) is what the store records. The first of completion, an upstream
 failure, a cancel (from any source), a deadline or a lost store becomes the run's `ending`; the
-store's compare-and-set makes its terminal state the only one.
-There is one way to end early, `stop` (gateway/runs/stopping.py).
+store's compare-and-set makes its terminal state the only one. There is one way to end early,
+`stop` (gateway/runs/stopping.py).
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ class RunDriver(Stopping, DeadlineWatch):
             try:
                 if self.ending is None:
                     await self._drive()
-                else:  # stopped before the first step: nothing was started upstream
+                else:  # stopped before the first step: nothing to confirm (an early stream
+                    # begun for it is closed below)
                     self.acct.confirmed_at = self.ending.at
             except asyncio.CancelledError as exc:
                 if exc.args != (CLOSE,):  # the gateway is shutting down
