@@ -97,8 +97,9 @@ class MirroredRunStore:
         if not await self.local.finish(run_id, terminal, final):
             return False
         self.writes.finish(run_id, terminal, final, before + 1 if final is not None else 0)
-        # NOTE: with Redis up, the ending is there before anyone hears of it (other replicas
-        # see what this one's followers see); with Redis away it waits in the queue.
+        # NOTE: this replica's followers heard of the ending from the mirror already; the
+        # run's settlement (usage record, refund, run end line) waits until Redis has it too
+        # (at most a write-behind tick with Redis up); with Redis away it waits in the queue.
         await self.writes.settle(run_id)
         self.writes.forget(run_id)
         return run_id not in self._refused
