@@ -64,7 +64,7 @@ from policies.quotas import Admission, QuotaExceeded
 # heartbeat interval in) before its first chunk, which may wait while the run is queued.
 RUN_ID_HEADER = "x-sluice-run-id"
 # Seconds a completed run's quota release may hold its ending back (RunLife._release_first).
-SLOT_BACK_WITHIN = 0.25
+RELEASE_FIRST_WITHIN = 0.25
 # The tasks opening runs: the loop holds tasks weakly, and one whose client left has no other
 # holder until its driver (RunManager.drivers) holds it.
 _OPENING: set[asyncio.Task[None]] = set()
@@ -307,7 +307,7 @@ class RunLife:
         if admission is None or not self.app[RUNS].health.available:
             return
         try:
-            async with asyncio.timeout(SLOT_BACK_WITHIN):
+            async with asyncio.timeout(RELEASE_FIRST_WITHIN):
                 await release(
                     self.app, self.chat, admission, prompt_tokens, generated_tokens, model
                 )
