@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="one short repeat: a smoke test")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--policies", action="store_true", help="add the policies-on gateways")
+    p.add_argument(
+        "--limits", action="store_true", help="the gateways' tenant has every limit, far above"
+    )
     p.add_argument("--safety", action="store_true", help="add the safety-window gateways")
     p.add_argument("--store", type=listed(str), default=["memory"], help="memory and/or redis")
     p.add_argument("--retained", type=int, default=0, metavar="N", help="N ended runs first")

@@ -5,7 +5,8 @@
 - `parsing`: a minimal parsing relay on uvloop (`bench/parsing_relay.py`), the floor the
   gateway's targets are read against; `parse-asyncio`: the same on asyncio's loop, the
   gateway's;
-- `gateway`: `sluice serve` on the in-process run store; `gw-redis`: the same on Redis;
+- `gateway`: `sluice serve` on the in-process run store; `gw-redis`: the same on Redis (with
+  `--limits`, both for a tenant with every limit on, far above what the bench asks);
 - with `--policies`, `--safety` or `--compare`, the gateways those add.
 """
 
@@ -38,15 +39,18 @@ def relays(args: argparse.Namespace, upstream_url: str, logdir: Path, prefix: st
     """Every relay this run measures, by name, in the order of the tables."""
     serve = ["-m", "gateway.cli", "serve", "--upstream", f"scripted={upstream_url}"]
     redis = ["--redis-url", REDIS_URL, "--redis-prefix", prefix]
+    tenant = ["--api-key", API_KEY]
+    if args.limits:  # every run reserves and is released, none refused
+        tenant = ["--tenants", str(write_tenants_file(logdir))]
     out: dict[str, Relay] = {}
     if args.baseline:
         via = ["--upstream", upstream_url]
         out["passthrough"] = Relay([str(ROOT / "bench" / "passthrough.py"), *via])
         out["parsing"] = Relay([str(ROOT / "bench" / "parsing_relay.py"), *via])
         out["parse-asyncio"] = Relay([*out["parsing"].command, "--loop", "asyncio"])
-    out["gateway"] = Relay([*serve, "--api-key", API_KEY])
+    out["gateway"] = Relay([*serve, *tenant])
     if "redis" in args.store:
-        out["gw-redis"] = Relay([*serve, "--api-key", API_KEY, *redis])
+        out["gw-redis"] = Relay([*serve, *tenant, *redis])
     for tree in args.compare:
         path = Path(tree).resolve()
         out[compare_name(tree)] = Relay(out["gateway"].command, cwd=path, pythonpath=str(path))

@@ -99,22 +99,27 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
 
 
 def compare_table(rows: list[dict], trees: list[str]) -> str:
-    """The gateway of this tree ("after") against each `--compare` tree's, cell by cell."""
+    """The gateway of this tree ("after") against each `--compare` tree's, cell by cell (and
+    on Redis, where the run had it, the two gateways there)."""
     head = (
         f"{'delay':>5} {'C':>3} {'before':<14} | added TTFT p50 before  after | p99 before  after"
         f" | CPU-ms/1k before after ratio | RSS MB before after"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        for name in map(compare_name, trees):
-            cb, ca = r[f"{name}_cpu"], r["gateway_cpu"]
-            lines.append(
-                f"{r['delay_ms']:>5g} {r['concurrency']:>3} {name:<14} | "
-                f"{r[f'{name}_added_p50_ms']:>+21.1f} {r['gateway_added_p50_ms']:>+6.1f} | "
-                f"{r[f'{name}_added_p99_ms']:>+10.1f} {r['gateway_added_p99_ms']:>+6.1f} | "
-                f"{cb:>16.1f} {ca:>5.1f} {ca / cb:>5.2f} | "
-                f"{r[f'{name}_rss_mb']:>13.0f} {r['gateway_rss_mb']:>5.0f}"
-            )
+        for tree in map(compare_name, trees):
+            pairs = [(tree, "gateway"), (f"{tree}-redis", "gw-redis")]
+            for name, this in pairs:
+                if f"{name}_cpu" not in r:  # the Redis pair: only with --store redis
+                    continue
+                cb, ca = r[f"{name}_cpu"], r[f"{this}_cpu"]
+                lines.append(
+                    f"{r['delay_ms']:>5g} {r['concurrency']:>3} {name:<14} | "
+                    f"{r[f'{name}_added_p50_ms']:>+21.1f} {r[f'{this}_added_p50_ms']:>+6.1f} | "
+                    f"{r[f'{name}_added_p99_ms']:>+10.1f} {r[f'{this}_added_p99_ms']:>+6.1f} | "
+                    f"{cb:>16.1f} {ca:>5.1f} {ca / cb:>5.2f} | "
+                    f"{r[f'{name}_rss_mb']:>13.0f} {r[f'{this}_rss_mb']:>5.0f}"
+                )
     return "\n".join(lines)
 
 

@@ -37,6 +37,9 @@ SAFETY_ACTIONS = ("redact", "block", "checker_error")
 MIGRATION_OUTCOMES = ("continued", "failed", "not_continuable")
 RETRY_LABELS = (*RETRY_REASONS, REFUSED)
 OVERHEAD_PHASES = ("request", "chunk")
+# a run's upstream request sent before its opening was back (Redis): kept for the run, or
+# closed because the opening refused (a guess at the tenant's headroom missed) or failed
+EARLY_OUTCOMES = ("kept", "closed")
 
 # family (as the text format names it: a counter without `_total`) → its known labels' values
 KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
@@ -51,6 +54,7 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
     "sluice_idempotent_replays": {},
     "sluice_safety_actions": {"action": SAFETY_ACTIONS},
     "sluice_flow_shed": {"tier": TIERS},
+    "sluice_early_upstreams": {"outcome": EARLY_OUTCOMES},
     "sluice_fallbacks": {"outcome": FALLBACK_OUTCOMES},
     "sluice_tenant_tokens_served": {},
     "sluice_tenant_cost": {},

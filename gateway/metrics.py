@@ -200,6 +200,12 @@ class GatewayMetrics:
             ["limit"],
             registry=r,
         )
+        self.early_upstreams = Counter(
+            "sluice_early_upstreams_total",
+            "Upstream requests sent before the run's opening was back from Redis, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
         self.idempotent_replays = Counter(
             "sluice_idempotent_replays_total",
             "Requests answered from the run an earlier request with the same key started.",
@@ -300,6 +306,7 @@ class GatewayMetrics:
             "sluice_resumes": self.resumes,
             "sluice_quota_rejections": self.quota_rejections,
             "sluice_flow_shed": self.shed,
+            "sluice_early_upstreams": self.early_upstreams,
         }
         for name, counter in fixed.items():
             for combo in combinations(KNOWN[name]):

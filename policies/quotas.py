@@ -61,6 +61,7 @@ class Admission:
     limits: QuotaLimits
     headers: dict[str, str]  # x-ratelimit-* after this admission
     reserved_cost: int = 0  # NANOS
+    usage: Snapshot | None = None  # the tenant's usage after this admission, this run included
 
 
 class QuotaExceeded(Exception):
@@ -283,13 +284,15 @@ class MemoryQuotaStore:
             state.held += request.tokens
             snap.tokens = state.held
         state.live[run] = snap.now_us + self._live_ttl
+        snap.live += 1
         period = budget_period(snap.now_us, lim)
         if period is not None:
-            state.budget = (period, snap.budget_used + request.tokens)
-            state.cost = snap.cost_used + request.cost
+            snap.budget_used += request.tokens
+            snap.cost_used += request.cost
+            state.budget, state.cost = (period, snap.budget_used), snap.cost_used
         state.pending[run] = (request.tokens, period[1] if period else None, request.cost)
         headers = rate_headers(lim, snap)
-        return Admission(request.tenant, run, request.tokens, lim, headers, request.cost)
+        return Admission(request.tenant, run, request.tokens, lim, headers, request.cost, snap)
 
     async def release(self, admission: Admission, used_tokens: int, used_cost: int = 0) -> None:
         state = self._tenants.get(admission.tenant)

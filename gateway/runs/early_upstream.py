@@ -3,10 +3,11 @@
 On Redis a new run's opening (its key's claim, its admission, its record) is one script, one
 round trip; under load that round trip is most of what the gateway adds to a first token. Where
 the opening can refuse nothing (no Idempotency-Key to claim, a tenant without limits, Redis not
-known to be away) the upstream need not wait for it: the request leaves at once and the two
-overlap. Nothing is promised any sooner: the client hears of the run only once its record is
-written, and where it cannot be, the stream begun is closed (which aborts the work upstream)
-and the request is refused as before (design §2).
+known to be away), or is all but sure not to (a tenant far from its limits,
+policies/headroom.py), the upstream need not wait for it: the request leaves at once and the
+two overlap. Nothing is promised any sooner: the client hears of the run only once its record
+is written, and where it cannot be (refused, Redis away), the stream begun is closed (which
+aborts the work upstream) and the request is refused as before (design §2).
 """
 
 from __future__ import annotations

@@ -246,7 +246,12 @@ class RunLife:
 
     async def _open_at_once(self, opener: RedisOpener) -> Opened | None:
         """With Redis: claim, reserve and record the run in one round trip. None when another
-        run holds the key (nothing was taken): the step-by-step path answers that repeat."""
+        run holds the key (nothing was taken): the step-by-step path answers that repeat.
+
+        Without a key, the run's upstream request leaves before that round trip is back where
+        the opening can refuse nothing (a tenant without limits), or is all but sure not to
+        (one far from its limits by its latest admission here, policies/headroom.py); a
+        refusal then closes it."""
         app, spec = self.app, self.spec
         claim = None
         if self.key is not None:
@@ -256,21 +261,24 @@ class RunLife:
         record = app[RUNS].record_for(spec)
         quota = quota_request(app, self.tenant, self.chat, spec.run_id)
         early = None
-        if claim is None and quota is None and opener.runs.health.available:
+        if claim is None and opener.runs.health.available and opener.roomy(quota):
             early = self._early_upstream()
         try:
             opening = await opener.open(claim, quota, record)
-            if opening.held is not None:
-                return None
-        except QuotaExceeded as exc:
-            self.request[RATE_HEADERS] = {}  # a refusal carries its own
-            raise refused(app, exc) from None
         except BaseException as exc:
-            if early is not None:  # no run (Redis away): nothing upstream works for it
+            if early is not None:  # no run (refused, Redis away): nothing upstream works for it
+                app[METRICS].early_upstreams.labels("closed").inc()
                 await asyncio.shield(early.aclose())
                 if spec.trace is not None:
                     spec.trace.abandon(type(exc).__name__)
+            if isinstance(exc, QuotaExceeded):
+                self.request[RATE_HEADERS] = {}  # a refusal carries its own
+                raise refused(app, exc) from None
             raise
+        if opening.held is not None:  # not with an early upstream: it had no key
+            return None
+        if early is not None:
+            app[METRICS].early_upstreams.labels("kept").inc()
         self.admission = opening.admission
         self.request[RATE_HEADERS] = opening.admission.headers if opening.admission else {}
         try:
@@ -285,9 +293,9 @@ class RunLife:
         return Opened(spec.run_id)
 
     def _early_upstream(self) -> EarlyUpstream | None:
-        """The run's upstream request, sent now, while the opening that can refuse nothing
-        is on its way (gateway/runs/early_upstream.py); None where the run waits its turn at
-        its backend. A traced run's span opens first: the upstream call carries it."""
+        """The run's upstream request, sent now, while its opening is on its way
+        (gateway/runs/early_upstream.py); None where the run waits its turn at its backend.
+        A traced run's span opens first: the upstream call carries it."""
         spec = self.spec
         if spec.ticket is None or not spec.ticket.dispatched:
             return None

@@ -234,6 +234,7 @@ class RedisQuotaStore:
             request.limits,
             rate_headers(request.limits, snap),
             request.cost,
+            snap,
         )
 
     async def release(self, admission: Admission, used_tokens: int, used_cost: int = 0) -> None:

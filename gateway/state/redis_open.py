@@ -25,6 +25,7 @@ from gateway.state.quotas_redis import ADMIT, RedisQuotaStore
 from gateway.state.redis_scripts import CREATE
 from gateway.state.run_store import RunRecord
 from gateway.state.run_store_mirrored import MirroredRunStore
+from policies.headroom import Headroom
 from policies.idempotency import CLAIM, Claim, RedisIdempotencyStore
 from policies.quotas import Admission, QuotaRequest
 
@@ -103,7 +104,15 @@ class RedisOpener:
         self.keys = keys
         self.quotas = quotas
         self.runs = runs
+        # what this replica last heard of each tenant's usage: whether a run may go upstream
+        # before its admission is back (gateway/runs/life.py)
+        self.headroom = Headroom()
         self._open = runs.shared.redis.register_script(OPEN)
+
+    def roomy(self, quota: QuotaRequest | None) -> bool:
+        """Whether the run's admission is all but sure to pass: no limits, or a tenant far from
+        them by what this replica last heard (policies/headroom.py)."""
+        return quota is None or self.headroom.roomy(quota)
 
     async def open(
         self, claim: KeyClaim | None, quota: QuotaRequest | None, record: RunRecord
@@ -124,17 +133,22 @@ class RedisOpener:
             quota_keys, quota_args, now = self.quotas.admit_call(
                 quota.tenant, quota.limits, "admit", quota
             )
-        reply = await self._open(
-            keys=[*keys, *claim_keys, *quota_keys],
-            args=[len(claim_args), len(quota_args), token, *claim_args, *quota_args, *args],
-        )
-        tag = reply[0]
-        if tag == b"taken":
-            raise ValueError(f"run {record.run_id} exists")
-        if tag == b"held":
-            return Opening(held=self.keys.claimed(0, reply[1]))
+            self.headroom.opening(quota)
         admission = None
-        if quota is not None:  # a refusal raises here
-            admission = self.quotas.admission(quota, *self.quotas.reply(reply[1:], now))
+        try:
+            reply = await self._open(
+                keys=[*keys, *claim_keys, *quota_keys],
+                args=[len(claim_args), len(quota_args), token, *claim_args, *quota_args, *args],
+            )
+            tag = reply[0]
+            if tag == b"taken":
+                raise ValueError(f"run {record.run_id} exists")
+            if tag == b"held":
+                return Opening(held=self.keys.claimed(0, reply[1]))
+            if quota is not None:  # a refusal raises here
+                admission = self.quotas.admission(quota, *self.quotas.reply(reply[1:], now))
+        finally:
+            if quota is not None:
+                self.headroom.answered(quota, admission.usage if admission else None)
         await self.runs.adopt(record)
         return Opening(admission)

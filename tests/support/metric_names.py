@@ -61,6 +61,7 @@ GATEWAY_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "sluice_flow_queue_depth": ("gauge", frozenset({"tenant", "tier"})),
     "sluice_flow_queue_wait_seconds": ("histogram", frozenset({"tenant", "tier"})),
     "sluice_flow_shed": ("counter", frozenset({"tier"})),
+    "sluice_early_upstreams": ("counter", frozenset({"outcome"})),
     "sluice_tenant_tokens_served": ("counter", frozenset({"tenant"})),
     "sluice_tenant_weight": ("gauge", frozenset({"tenant"})),
     "sluice_tenant_cost": ("counter", frozenset({"tenant"})),

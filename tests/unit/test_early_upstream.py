@@ -1,5 +1,6 @@
 """On Redis, a run whose opening can refuse nothing (no Idempotency-Key, a tenant without
-limits) sends its upstream request before the opening's round trip is back, and the two overlap
+limits), or is all but sure not to (a tenant far from its limits, policies/headroom.py), sends
+its upstream request before the opening's round trip is back, and the two overlap
 (gateway/runs/early_upstream.py); the client still hears of the run only once its record is
 written. Where the opening fails, or the run ends before its first step, the stream begun is
 closed (the work upstream aborted) and nothing is left behind."""
@@ -13,7 +14,8 @@ import pytest
 import tomlkit
 
 from adapters.requests import ChatRequest, Message
-from gateway.app_keys import FLOWS, OPENER, RUNS
+from gateway.app_keys import FLOWS, OPENER, QUOTAS, RUNS
+from gateway.app_keys import METRICS as METRICS_KEY
 from gateway.metrics import GatewayMetrics
 from gateway.runs.deadlines import Deadlines
 from gateway.runs.driver import RunDriver
@@ -22,6 +24,7 @@ from gateway.runs.spec import RunSpec
 from gateway.runs.status import Phase, RunStatus
 from gateway.state.run_store import RunRecord, StoreUnavailable
 from gateway.state.run_store_memory import MemoryRunStore
+from policies.quotas import QuotaLimits, QuotaRequest
 from policies.tenants_file import create_key
 from testkit.scripted_adapter import ScriptedAdapter, text_script
 from tests.support.gateway import AUTH, chat_body, gateway_app, sse_events, stream_text
@@ -87,19 +90,82 @@ async def test_a_run_with_a_key_to_claim_waits_for_its_opening(aiohttp_client, s
     assert order == ["opened", "upstream"]
 
 
+def limited_tenant(tmp_path, **limits) -> tuple[str, dict[str, str]]:
+    """A tenants file with one tenant, `acme`, with `limits`; and its key's headers."""
+    path = tmp_path / "tenants.toml"
+    path.write_text(tomlkit.dumps({"tenants": {"acme": limits}}), encoding="utf-8")
+    key, _ = create_key(path, "acme")
+    return str(path), {"Authorization": f"Bearer {key}"}
+
+
+def early_counts(app) -> dict[str, float]:
+    counter = app[METRICS_KEY].early_upstreams
+    return {o: counter.labels(o)._value.get() for o in ("kept", "closed")}
+
+
 @ON_REDIS
-async def test_a_run_its_tenants_limits_may_refuse_waits_for_its_opening(
+async def test_a_limited_tenant_goes_early_only_once_its_usage_is_known_to_be_far_from_them(
     aiohttp_client, store_settings, tmp_path
 ):
-    path = tmp_path / "tenants.toml"
-    path.write_text(tomlkit.dumps({"tenants": {"acme": {"rpm": 100}}}), encoding="utf-8")
-    key, _ = create_key(path, "acme")
+    """Its first run waits for its admission (nothing known of its usage here); the next, far
+    from its limit by that admission's report, goes upstream first."""
+    path, headers = limited_tenant(tmp_path, rpm=100, tpm=100000, max_concurrent=8)
     order: list[str] = []
-    app = gateway_app([Recorded(order)], tenants=str(path), api_key=[], **store_settings)
+    app = gateway_app([Recorded(order)], tenants=path, api_key=[], **store_settings)
     client = await aiohttp_client(app)
     record_openings(app, order)
-    assert stream_text(await stream(client, {"Authorization": f"Bearer {key}"})) == "".join(PIECES)
-    assert order == ["opened", "upstream"]
+    for _ in range(2):
+        assert stream_text(await stream(client, headers)) == "".join(PIECES)
+    assert order == ["opened", "upstream", "upstream", "opened"]
+    assert early_counts(app) == {"kept": 1, "closed": 0}
+
+
+@ON_REDIS
+async def test_a_tenant_near_its_limit_waits_for_its_opening(
+    aiohttp_client, store_settings, tmp_path
+):
+    path, headers = limited_tenant(tmp_path, rpm=2)  # one used: 2 of 2 is past the margin
+    order: list[str] = []
+    app = gateway_app([Recorded(order)], tenants=path, api_key=[], **store_settings)
+    client = await aiohttp_client(app)
+    record_openings(app, order)
+    for _ in range(2):
+        assert stream_text(await stream(client, headers)) == "".join(PIECES)
+    assert order == ["opened", "upstream", "opened", "upstream"]
+
+
+@ON_REDIS
+async def test_a_guess_that_misses_closes_the_stream_begun_and_answers_the_refusal(
+    aiohttp_client, store_settings, tmp_path
+):
+    """Another replica took the tenant's last requests after this one last heard: the run went
+    upstream early, the admission refuses it; the stream is closed (its work aborted), the
+    client gets the 429 the limit gives, and nothing is left held. The tenant's next run waits
+    for its opening."""
+    path, headers = limited_tenant(tmp_path, rpm=4)
+    order: list[str] = []
+    adapter = Recorded(order, delay=0.05)
+    app = gateway_app([adapter], tenants=path, api_key=[], **store_settings)
+    client = await aiohttp_client(app)
+    record_openings(app, order)
+    assert stream_text(await stream(client, headers)) == "".join(PIECES)
+    await until(lambda: not app[RUNS].drivers, "the first run to settle")
+    limits = QuotaLimits(rpm=4)
+    for n in range(3):  # another replica's admissions, on the same Redis
+        await app[QUOTAS].admit(QuotaRequest("acme", f"elsewhere-{n}", 10, limits))
+    order.clear()
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True), headers=headers)
+    assert resp.status == 429
+    error = (await resp.json())["error"]
+    assert error["code"] == "rate_limit_exceeded" and "requests" in error["message"]
+    assert resp.headers["x-ratelimit-remaining-requests"] == "0"
+    assert order == ["upstream"]
+    closed = [run for run, aborted in adapter.aborted.items() if aborted]
+    assert len(closed) == 1  # the early stream: its work upstream stopped
+    assert early_counts(app) == {"kept": 0, "closed": 1}
+    assert not app[RUNS].drivers
+    assert app[FLOWS].of(adapter).in_flight == 0
+    assert not app[OPENER].headroom.roomy(QuotaRequest("acme", "next", 10, limits))
 
 
 @ON_REDIS

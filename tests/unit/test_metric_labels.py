@@ -41,6 +41,7 @@ COUNTERS = {
     "resumes": "sluice_resumes",
     "quota_rejections": "sluice_quota_rejections",
     "shed": "sluice_flow_shed",
+    "early_upstreams": "sluice_early_upstreams",
     "fallbacks": "sluice_fallbacks",
 }
 

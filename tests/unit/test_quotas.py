@@ -279,6 +279,20 @@ async def test_a_live_run_admitted_again_is_admitted_once(store):
     await store.admit(make_request(rpm=10, max_concurrent=2))  # one release frees its slot
 
 
+async def test_an_admission_reports_the_usage_it_leaves(store, clock):
+    """Both stores report the tenant's usage after the admission, that run included: what a
+    replica judges the tenant's headroom by (policies/headroom.py)."""
+    limits = {"rpm": 10, "tpm": 1000, "max_concurrent": 5, "budget_tokens": 5000}
+    limits |= {"budget_period": 3600.0}
+    first = await store.admit(make_request(100, **limits))
+    clock.advance(1)
+    second = await store.admit(make_request(40, **limits))
+    usage = second.usage
+    assert (usage.requests, usage.tokens, usage.live, usage.budget_used) == (2, 140, 2, 140)
+    assert usage.now_us == round(clock.now * 1_000_000)
+    assert first.usage.live == 1 and first.usage.budget_used == 100
+
+
 async def test_replicas_share_rpm_exactly(redis_prefix, clock):
     client, prefix = redis_prefix
     other = Redis.from_url(REDIS_URL)
