@@ -13,6 +13,9 @@ connection
 (`gateway/state/redis_client.py`), and the script may well have run. Each opening carries a
 token of its own, kept in the run's record with the admission's reply; the same opening again
 finds it and gets that reply back instead of a second claim and admission (and a "taken").
+
+Each admission's answer (the tenant's usage after it, or a refusal) is kept in `headroom`: by it
+the next run of a tenant far from its limits goes upstream before its own opening is back.
 """
 
 from __future__ import annotations

@@ -104,34 +104,28 @@ def early_counts(app) -> dict[str, float]:
 
 
 @ON_REDIS
-async def test_a_limited_tenant_goes_early_only_once_its_usage_is_known_to_be_far_from_them(
-    aiohttp_client, store_settings, tmp_path
+@pytest.mark.parametrize(
+    ("limits", "second", "kept"),
+    [
+        ({"rpm": 100, "tpm": 100000, "max_concurrent": 8}, ["upstream", "opened"], 1),
+        ({"rpm": 2}, ["opened", "upstream"], 0),  # one used: 2 of 2 is past the margin
+    ],
+    ids=["far-from-its-limits", "near-its-limit"],
+)
+async def test_a_limited_tenant_goes_early_only_when_its_usage_is_known_to_be_far_from_them(
+    aiohttp_client, store_settings, tmp_path, limits, second, kept
 ):
-    """Its first run waits for its admission (nothing known of its usage here); the next, far
-    from its limit by that admission's report, goes upstream first."""
-    path, headers = limited_tenant(tmp_path, rpm=100, tpm=100000, max_concurrent=8)
+    """Its first run waits for its admission (nothing known of its usage here); the next goes
+    upstream first only if that admission's report puts it far from every limit."""
+    path, headers = limited_tenant(tmp_path, **limits)
     order: list[str] = []
     app = gateway_app([Recorded(order)], tenants=path, api_key=[], **store_settings)
     client = await aiohttp_client(app)
     record_openings(app, order)
     for _ in range(2):
         assert stream_text(await stream(client, headers)) == "".join(PIECES)
-    assert order == ["opened", "upstream", "upstream", "opened"]
-    assert early_counts(app) == {"kept": 1, "closed": 0}
-
-
-@ON_REDIS
-async def test_a_tenant_near_its_limit_waits_for_its_opening(
-    aiohttp_client, store_settings, tmp_path
-):
-    path, headers = limited_tenant(tmp_path, rpm=2)  # one used: 2 of 2 is past the margin
-    order: list[str] = []
-    app = gateway_app([Recorded(order)], tenants=path, api_key=[], **store_settings)
-    client = await aiohttp_client(app)
-    record_openings(app, order)
-    for _ in range(2):
-        assert stream_text(await stream(client, headers)) == "".join(PIECES)
-    assert order == ["opened", "upstream", "opened", "upstream"]
+    assert order == ["opened", "upstream", *second]
+    assert early_counts(app) == {"kept": kept, "closed": 0}
 
 
 @ON_REDIS
