@@ -6,7 +6,9 @@ batch this step, which copies their past into the decode rows), prefill tokens, 
 KV context its sequences attend over, preemptions, the step-time fit's predicted seconds against
 the measured ones, the thread's CPU seconds, and garbage collections inside it.
 Each token delivery's gap (as engine_stats.py counts ITL) is charged to the step that ended it;
-the summary compares the steps behind the top 1% of gaps with all steps.
+the summary compares the steps behind the top 1% of gaps with all steps. With `--embed`, row (g)'s
+retrieval client keeps embedding inputs queued beside the streams (their chunks are counted
+apart from prefill), and the summary splits the steps by whether they carried one.
 
     .venv/bin/python bench/engine_steps.py --rate 2 --requests 48 --concurrency 16 \
         --dtype bfloat16 --cancel-fraction 0.2 --deadline-fraction 0.1 --deadline-ms 3000
@@ -29,16 +31,23 @@ TREE = Path(os.environ.get("SLUICE_BENCH_TREE", ROOT))
 if str(TREE) not in sys.path:
     sys.path.insert(0, str(TREE))
 
-from engine_drive import drive  # noqa: E402
+from engine_drive import EMBED_TOKENS, Embedded, drive  # noqa: E402
 from engine_rows import engine_settings, make_engine  # noqa: E402
 from engine_stats import percentile  # noqa: E402
-from engine_workload import Arrival, mixed_prompts, plan, warmup_size  # noqa: E402
+from engine_workload import (  # noqa: E402
+    Arrival,
+    document_prompt,
+    mixed_prompts,
+    plan,
+    warmup_size,
+)
 
 
 @dataclass(slots=True)
 class Step:
     decodes: int = 0
     prefill: int = 0
+    embedding: int = 0  # tokens of embedding inputs' chunks (--embed)
     joins: int = 0  # decodes that did not decode the step before (copied into the decode rows)
     drafts: int = 0
     context: int = 0  # tokens already in the KV cache of the step's sequences
@@ -67,7 +76,9 @@ class Tracer:
             decoding = set()
             for seq, new in out.work:
                 self.cur.context += seq.num_computed_tokens
-                if new == 1 and seq.num_computed_tokens > 0:
+                if seq.embedding is not None:
+                    self.cur.embedding += new
+                elif new == 1 and seq.num_computed_tokens > 0:
                     self.cur.decodes += 1
                     self.cur.joins += id(seq) not in self._decoding
                     decoding.add(id(seq))
@@ -155,6 +166,12 @@ def analyse(steps: list[Step]) -> str:
     with_gaps = [s for s in steps if s.gaps]
     lines = [f"ITL p50 {1000 * p50:.1f} ms, p99 {1000 * p99:.1f} ms, p99/p50 {p99 / p50:.2f}"]
     lines += [_describe(with_gaps, "all steps"), _describe(tail, "p99 steps")]
+    if any(s.embedding for s in steps):
+        decode_only = [s for s in with_gaps if not s.embedding and not s.prefill]
+        embedding = [s for s in with_gaps if s.embedding]
+        lines += [_describe(decode_only, "decodes only"), _describe(embedding, "embedding")]
+        chunk = percentile([s.embedding for s in embedding], 50)
+        lines.append(f"  embedding tokens a step p50 {chunk}")
     charged = sum(len([g for g in s.gaps if g >= p99]) for s in tail) or 1
     for name, pred in (
         ("prefill", lambda s: s.prefill > 0),
@@ -185,6 +202,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None, help="write every step here")
     p.add_argument("--cold", action="store_true", help="a two-prompt warm-up, not a burst of c")
+    p.add_argument("--embed", action="store_true", help="row (g): embeddings beside the streams")
     args = p.parse_args()
     for name in ("num_kv_blocks", "block_size", "max_num_batched_tokens"):
         setattr(args, name, None)
@@ -199,11 +217,15 @@ def main() -> None:
     warm, warm_tokens = warmup_size(args.concurrency, burst=not args.cold)
     prompts = mixed_prompts(tokenizer, args.requests + warm)
     prompts, warmup = prompts[: args.requests], prompts[args.requests :]
-    row = "d-fixed" if args.step_time_target == 0 else "d"
+    row = "g" if args.embed else "d-fixed" if args.step_time_target == 0 else "d"
     engine, _ = make_engine(model, tokenizer, engine_settings(row, args, args.concurrency, prompts))
-    drive(engine, [Arrival(0.0, p) for p in warmup], warm_tokens, "warmup")
+    embedded = None
+    if args.embed:
+        documents = [document_prompt(tokenizer, k)[:EMBED_TOKENS] for k in range(16)]
+        embedded = Embedded(engine, documents, "embed")
+    drive(engine, [Arrival(0.0, p) for p in warmup], warm_tokens, "warmup", None, embedded)
     tracer = Tracer(engine)
-    drive(engine, plan(prompts, args, args.rate), args.max_new_tokens, "run")
+    drive(engine, plan(prompts, args, args.rate), args.max_new_tokens, "run", None, embedded)
     print(f"row {row}:", analyse(tracer.steps))
     if args.json:
         Path(args.json).write_text("\n".join(json.dumps(asdict(s)) for s in tracer.steps))
