@@ -53,6 +53,7 @@ class Step:
     context: int = 0  # tokens already in the KV cache of the step's sequences
     preempted: int = 0
     predicted: float | None = None  # the fit's seconds for the step's tokens, before it ran
+    decodes_predicted: float | None = None  # the fit's seconds for its decodes alone
     measured: float = 0.0  # seconds as the step budget measured them
     wall: float = 0.0  # Engine.step() as a whole
     cpu: float = 0.0  # this thread's CPU seconds in it: with --threads 1, the step's own work
@@ -95,6 +96,8 @@ class Tracer:
             budget = sched.step_budget
             if budget is not None and work:
                 self.cur.predicted = budget.model.predict(before + self.cur.drafts)
+                if self.cur.decodes:
+                    self.cur.decodes_predicted = budget.model.predict(self.cur.decodes)
 
         def traced_step() -> list:
             started, cpu_started = time.perf_counter(), time.thread_time()
