@@ -23,7 +23,14 @@ from typing import Any
 
 from engine_drive import EMBED_BACKLOG, EMBED_TOKENS, Embedded, drive
 from engine_hf_rows import make_cb_manager, run_cb, run_generate
-from engine_rows import ENGINE_KWARGS, bench_grammar, engine_settings, make_engine
+from engine_rows import (
+    COMPARED_ROWS,
+    EMBED_ROWS,
+    ENGINE_KWARGS,
+    bench_grammar,
+    engine_settings,
+    make_engine,
+)
 from engine_stats import summarize
 from engine_workload import (
     Arrival,
@@ -78,7 +85,7 @@ def open_row(row: str, model: Any, tokenizer: Any, args: argparse.Namespace, c: 
     engine, used = make_engine(model, tokenizer, engine_settings(row, args, c, prompts))
     grammar = bench_grammar(engine, tokenizer) if row == "f" else None
     embedded = None
-    if row == "g":
+    if row in EMBED_ROWS:
         documents = [document_prompt(tokenizer, k)[:EMBED_TOKENS] for k in range(16)]
         embedded = Embedded(engine, documents, "embed")
         used["embed_backlog"] = EMBED_BACKLOG
@@ -202,7 +209,7 @@ def spawn_cell(args: argparse.Namespace, row: str, dtype: str) -> CellRun:
         if getattr(args, name) is not None:
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
-    if row == "e":
+    if row in COMPARED_ROWS:
         env["SLUICE_BENCH_TREE"] = str(Path(args.compare).resolve())
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)

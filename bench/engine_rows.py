@@ -2,11 +2,11 @@
 with a fixed token budget (no step-time target), (d-sdpa) the same engine with the decodes'
 attention in SDPA instead of the CPU kernel (decode_kernel.py), (d-eager) the same engine with
 every step eager (no CUDA graphs, decode_graphs.py), (e) row (d) from a `--compare` tree, (f)
-row (d)
-with every request under a JSON-schema constraint (llguidance's per-step mask): an array of at
-least 10,000 mid-size objects, so no request completes its JSON before `--max-new-tokens` and
-the workload is the same as (d)'s; (g) row (d) with a retrieval client embedding long documents
-through the same engine all the while (engine_drive.Embedded).
+row (d) with every request under a JSON-schema constraint (llguidance's per-step mask): an
+array of at least 10,000 mid-size objects, so no request completes its JSON before
+`--max-new-tokens` and the workload is the same as (d)'s; (g) row (d) with a retrieval client
+embedding long documents through the same engine all the while (engine_drive.Embedded); (e-g)
+row (g) from the `--compare` tree.
 
 Settings reach the engine only where its constructor accepts them, so an older tree runs too.
 """
@@ -21,7 +21,9 @@ from engine_drive import EMBED_BACKLOG, EMBED_TOKENS
 from engine_hf_rows import fitted_blocks
 
 ENGINE_KWARGS = ("num_kv_blocks", "block_size", "max_num_batched_tokens")
-ENGINE_ROWS = ("d", "d-fixed", "d-sdpa", "d-eager", "e", "f", "g")
+ENGINE_ROWS = ("d", "d-fixed", "d-sdpa", "d-eager", "e", "f", "g", "e-g")
+EMBED_ROWS = ("g", "e-g")  # with the retrieval client beside the streams
+COMPARED_ROWS = ("e", "e-g")  # run from the `--compare` tree
 
 BENCH_ITEM = {
     "type": "object",
@@ -61,7 +63,7 @@ def engine_settings(
 
     settings = {name: getattr(args, name) for name in ENGINE_KWARGS}
     # (g): room for the retrieval client's backlog beside the c streams (engine_drive.Embedded)
-    settings["max_num_seqs"] = concurrency + (EMBED_BACKLOG if row == "g" else 0)
+    settings["max_num_seqs"] = concurrency + (EMBED_BACKLOG if row in EMBED_ROWS else 0)
     settings["step_time_target_s"] = step_time_target(row, args)
     settings["decode_kernel"] = False if row == "d-sdpa" else None  # None: the engine's default
     settings["cuda_graphs"] = False if row == "d-eager" else None
@@ -72,7 +74,7 @@ def engine_settings(
             settings["num_kv_blocks"] = fitted_blocks(
                 prompts, args.max_new_tokens, block, concurrency
             )
-            if row == "g":  # and the documents being embedded
+            if row in EMBED_ROWS:  # and the documents being embedded
                 settings["num_kv_blocks"] += EMBED_BACKLOG * -(-EMBED_TOKENS // block)
     elif settings["num_kv_blocks"] == 0:
         settings["num_kv_blocks"] = None

@@ -89,15 +89,16 @@ class Tracer:
             self._decoding = decoding
             return out
 
-        def traced_extend(work: list, scheduler: Any, spare: int) -> None:
+        def traced_extend(work: list, scheduler: Any, spare: int) -> int:
             before = sum(n for _, n in work)
-            extend(work, scheduler, spare)
+            drafted = extend(work, scheduler, spare)
             self.cur.drafts = sum(n for _, n in work) - before
             budget = sched.step_budget
             if budget is not None and work:
                 self.cur.predicted = budget.model.predict(before + self.cur.drafts)
                 if self.cur.decodes:
                     self.cur.decodes_predicted = budget.model.predict(self.cur.decodes)
+            return drafted  # the engine tells the step budget (an older tree's returns None)
 
         def traced_step() -> list:
             started, cpu_started = time.perf_counter(), time.thread_time()

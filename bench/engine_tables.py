@@ -27,6 +27,7 @@ ROWS = {
     "e": "engine, --compare tree",
     "f": "engine + JSON schema",
     "g": "engine + embeddings",
+    "e-g": "(g), --compare tree",
 }
 
 
@@ -142,31 +143,39 @@ def print_goodput(runs: list[CellRun]) -> None:
 
 
 def print_embeddings(runs: list[CellRun]) -> None:
-    """Row (g) beside row (d): the decodes' inter-token gaps with embeddings computed in the same
-    steps. The step budget (step_time.py): a step carrying prefill beside decodes runs at most
-    ITL_RATIO times a decode-only step (or the target, where that is longer), so the typical gap
-    may grow by up to that ratio and the slowest should not grow at all."""
+    """Row (g) beside row (d), and (e-g) beside (e) where `--compare` ran them: the decodes'
+    inter-token gaps with embeddings computed in the same steps. The step budget (step_time.py):
+    a step carrying prefill beside decodes runs at most ITL_RATIO times a decode-only step (or
+    the target, where that is longer), so the typical gap may grow by up to that ratio and the
+    slowest should not grow at all."""
     from workers.step_time import ITL_RATIO
 
     by = {(r.row, res["concurrency"]): res for r in runs for res in r.results}
-    cells = [(c, res) for (row, c), res in sorted(by.items()) if row == "g"]
+    pairs = (("g", "d", "(g) / (d)"), ("e-g", "e", "(e-g) / (e), --compare"))
+    cells = [
+        (name, c, res, by.get((alone, c), {}))
+        for embedded, alone, name in pairs
+        for (row, c), res in sorted(by.items())
+        if row == embedded
+    ]
     if not cells:
         return
     print(
         f"\n{'embeddings beside decodes':<28}{'c':>4}{'ITL p50 d':>10}{'g':>7}{'g/d':>6}"
         f"{'p99 d':>8}{'g':>7}{'g/d':>6}{'budget':>8}{'inputs/s':>9}{'emb tok/s':>10}"
-        f"{'chat tok/s d':>13}{'g':>7}"
+        f"{'chat tok/s d':>13}{'g':>7}  target"
     )
-    for c, g in cells:
-        d = by.get(("d", c), {})
+    for name, c, g, d in cells:
         embedded = g.get("embedded", {"inputs": 0, "tokens": 0})
         wall = g["wall_s"] or 1.0
+        p50 = _ratio(g["itl_p50"], d.get("itl_p50"))
+        p99 = _ratio(g["itl_p99"], d.get("itl_p99"))
+        met = p50 is not None and p99 is not None and max(p50, p99) <= ITL_RATIO
         print(
-            f"{'(g) / (d)':<28}{c:>4}{_fmt(d.get('itl_p50'), '.1f'):>10}"
-            f"{_fmt(g['itl_p50'], '.1f'):>7}"
-            f"{_fmt(_ratio(g['itl_p50'], d.get('itl_p50')), '.2f'):>6}"
+            f"{name:<28}{c:>4}{_fmt(d.get('itl_p50'), '.1f'):>10}"
+            f"{_fmt(g['itl_p50'], '.1f'):>7}{_fmt(p50, '.2f'):>6}"
             f"{_fmt(d.get('itl_p99'), '.1f'):>8}{_fmt(g['itl_p99'], '.1f'):>7}"
-            f"{_fmt(_ratio(g['itl_p99'], d.get('itl_p99')), '.2f'):>6}{ITL_RATIO:>7.1f}x"
+            f"{_fmt(p99, '.2f'):>6}{ITL_RATIO:>7.1f}x"
             f"{embedded['inputs'] / wall:>9.1f}{embedded['tokens'] / wall:>10.0f}"
-            f"{_fmt(d.get('tok_s'), '.1f'):>13}{g['tok_s']:>7.1f}"
+            f"{_fmt(d.get('tok_s'), '.1f'):>13}{g['tok_s']:>7.1f}  {'met' if met else 'NOT MET'}"
         )

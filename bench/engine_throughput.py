@@ -136,8 +136,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 setattr(args, name, value)
     args.concurrency = sorted({int(c) for c in str(args.concurrency).split(",")})
     args.rows = [r for r in args.rows.split(",") if r]
-    if args.compare and args.cell is None and "e" not in args.rows:
-        args.rows.append("e")
+    if args.compare and args.cell is None:
+        args.rows += [
+            r for r in ("e", "e-g") if r not in args.rows and (r == "e" or "g" in args.rows)
+        ]
     if set(args.rows) - set(ROWS):
         p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from {','.join(ROWS)}")
     shares = (args.cancel_fraction, args.deadline_fraction)

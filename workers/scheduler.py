@@ -69,6 +69,7 @@ class ScheduledStep:
     shaped: bool = True
     drafts: int = 0  # speculative draft tokens added after the schedule (in `work`'s counts)
     replayed: bool = False  # it ran as one CUDA graph replay, not eagerly (decode_graphs.py)
+    alone: bool = False  # its decodes run alone, no drafts either: the cadence's measure
 
     @property
     def num_tokens(self) -> int:
@@ -184,12 +185,17 @@ class Scheduler:
         order += prefilling
         budget = self.max_num_batched_tokens
         prefill = None  # decided once the decodes are in
-        embed = _EmbeddingRoom(self, step)
+        # decodes alone now and then, to measure their cadence (step_time.py, CADENCE_EVERY)
+        alone = settled > 0 and self.step_budget is not None and self.step_budget.cadence_due()
+        step.alone = alone
+        embed = _EmbeddingRoom(self, step, alone)
         i = 0
         while i < len(order) and budget > 0:
             seq = order[i]
             if prefill is None and seq.num_uncomputed > 1:
-                prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
+                prefill = (
+                    0 if alone else self._prefill_room(step.num_tokens, budget, prompts, settled)
+                )
             new = min(seq.num_uncomputed, budget if prefill is None else prefill)
             new = embed.take(seq, new, budget)
             if new == 0:
@@ -208,7 +214,9 @@ class Scheduler:
             i += 1
         if not step.preempted:
             if prefill is None:
-                prefill = self._prefill_room(step.num_tokens, budget, prompts, settled)
+                prefill = (
+                    0 if alone else self._prefill_room(step.num_tokens, budget, prompts, settled)
+                )
             self._admit(step, min(budget, prefill), admitting, embed)
         step.shaped = settled > 0 or step.num_tokens == step.decodes
         if self.step_budget is not None and step.work:
@@ -217,8 +225,9 @@ class Scheduler:
 
     def spare_tokens(self, step: ScheduledStep) -> int:
         """Tokens `step` may still take for optional work (speculative drafts): what the fixed
-        budget leaves, and with a step-time target no more than still fits under it."""
-        limit = max(0, self.max_num_batched_tokens - step.num_tokens)
+        budget leaves, and with a step-time target no more than still fits under it; none on a
+        step whose decodes run alone."""
+        limit = 0 if step.alone else max(0, self.max_num_batched_tokens - step.num_tokens)
         if self.step_budget is None or not step.work:
             return limit
         return self.step_budget.spare_tokens(step.num_tokens, limit, step.decodes)
@@ -300,6 +309,9 @@ class Scheduler:
         return seq
 
 
+EMBED_FLOOR = 4  # the fewest tokens an embedding's chunk takes beside decodes (_EmbeddingRoom)
+
+
 class _EmbeddingRoom:
     """The tokens embeddings' chunks may take this step (embedding.py): what the step-time
     target leaves beside the decodes, as if every decode streamed already.
@@ -308,12 +320,16 @@ class _EmbeddingRoom:
     starts together (step_time.py, SETTLED_TOKENS); an embedding is no part of such a wave, and
     with its 512-token chunks beside the wave's first decodes the engine benchmark's row (g)
     had an ITL p99 up to 2.4x row (d)'s (1.2-1.8x with this room).
-    Decided once per step, after the decodes; with no decodes, the embeddings take what is left.
+    Decided once per step, after the decodes; with no decodes, the embeddings take what is left;
+    none on a step whose decodes run `alone` (the cadence's measure).
+    NOTE: an embedding's floor is EMBED_FLOOR tokens, not a prompt's block: no stream waits on it
+    for a first token, and where a token beside the decodes costs a lot (CPU, float32: about 6
+    ms beside 6-7 decodes) a 16-token floor alone ran those steps to 2.3x a decode-only one.
     """
 
-    def __init__(self, scheduler: Scheduler, step: ScheduledStep) -> None:
+    def __init__(self, scheduler: Scheduler, step: ScheduledStep, alone: bool = False) -> None:
         self.scheduler, self.step = scheduler, step
-        self.left: int | None = None
+        self.left: int | None = 0 if alone else None
 
     def take(self, seq: SequenceState, new: int, budget: int, spend: bool = False) -> int:
         """How many of `new` tokens embedding `seq` may compute; all of them for any other
@@ -326,7 +342,7 @@ class _EmbeddingRoom:
             self.left = (
                 budget
                 if budget_ is None or not decodes
-                else (budget_.prefill_tokens(decodes, budget, 1, decodes))
+                else budget_.prefill_tokens(decodes, budget, 1, decodes, floor=EMBED_FLOOR)
             )
         new = min(new, self.left)
         if spend or seq.status == RequestStatus.RUNNING:

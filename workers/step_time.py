@@ -50,6 +50,16 @@ TRUST_GROWTH = 2  # a step may run this many times the tokens of the largest rec
 # time a chunk at a time, a wave of 32 started over 30 steps instead of 4, and since a batch
 # that starts staggered also ends staggered, the wave's throughput fell to 0.83x.
 SETTLED_TOKENS = 8
+# NOTE: the cadence is measured on decode-only steps, and a backlog (embeddings queued all the
+# while, prompts arriving faster than they start) can give every step a chunk: then the cadence
+# was never learned, the fit's line ran through chunked steps only and priced 7 decodes alone at
+# 150 ms where they took 85 (CPU, float32), and steps with embedding chunks ran 2.1-2.8x a
+# decode-only step. So after this many steps with decodes and prefill and no decode-only one, a
+# step runs its decodes alone (no prefill, no embedding chunk, no drafts): the cadence is
+# measured, and the fit gets a point at the decodes' own size. Steps with drafts but no prefill
+# do not count: under Poisson arrivals half the steps carry drafts, and counted they made 2.5%
+# of steps hold their prompts back while no backlog was there.
+CADENCE_EVERY = 16
 
 
 class StepTimeModel:
@@ -134,17 +144,23 @@ class StepBudget:
         # were the ITL tail's.
         self.draft_cost: float | None = None
         self._started: float | None = None
+        self._unmeasured = CADENCE_EVERY  # steps with decodes since a decode-only one (or a probe)
 
     def prefill_tokens(
-        self, decode_tokens: int, limit: int, prompts: int = 1, settled: int | None = None
+        self,
+        decode_tokens: int,
+        limit: int,
+        prompts: int = 1,
+        settled: int | None = None,
+        floor: int | None = None,
     ) -> int:
         """Prefill tokens for a step with `decode_tokens` decodes, `settled` of them streaming
         for SETTLED_TOKENS or more (None: all), at most `limit`, while `prompts` prompts wait
         for theirs.
 
-        Never below `floor` (prompts always move), never above `limit` (the fixed budget); all
-        of `limit` when no decode has settled (no cadence to keep yet) or nothing has been
-        measured yet.
+        Never below `floor` (the budget's own unless given: prompts always move), never above
+        `limit` (the fixed budget); all of `limit` when no decode has settled (no cadence to
+        keep yet) or nothing has been measured yet.
 
         NOTE: when decodes alone outrun the target, prefill gets a share of the decodes' time:
         MIN_PREFILL_SHARE, times prompts / decodes while prompts outnumber decodes (a waiting
@@ -167,7 +183,16 @@ class StepBudget:
         # 20-40-token chunks priced 254 tokens at 190 ms; they took 500). So a step grows to at
         # most twice the largest recently measured, and the fit learns the new size first.
         trusted = TRUST_GROWTH * self.model.largest - decode_tokens
-        return max(0, min(limit, max(self.floor, min(int(room / slope), trusted))))
+        floor = self.floor if floor is None else floor
+        return max(0, min(limit, max(floor, min(int(room / slope), trusted))))
+
+    def cadence_due(self) -> bool:
+        """Whether this step should run its decodes alone, to measure the cadence (see
+        CADENCE_EVERY); once True, not again for CADENCE_EVERY steps, whatever the step held."""
+        if self._unmeasured < CADENCE_EVERY:
+            return False
+        self._unmeasured = 0
+        return True
 
     def spare_tokens(self, step_tokens: int, limit: int, decode_tokens: int = 0) -> int:
         """Tokens a scheduled step of `step_tokens`, `decode_tokens` of them decodes, may still
@@ -190,8 +215,12 @@ class StepBudget:
         """The time a step whose decodes take `decodes_s` by the main fit may run to: the
         target, and ITL_RATIO times a decode-only step as measured (the cadence), or
         ITL_FLOOR_S."""
-        alone = decodes_s if self.cadence is None else min(decodes_s, self.cadence)
-        return min(self.target_s, max(ITL_FLOOR_S, ITL_RATIO * alone))
+        return min(self.target_s, max(ITL_FLOOR_S, ITL_RATIO * self._alone(decodes_s)))
+
+    def _alone(self, decodes_s: float) -> float:
+        """A decode-only step's time: the cadence where measured and below the fit's price
+        `decodes_s` of the step's decodes."""
+        return decodes_s if self.cadence is None else min(decodes_s, self.cadence)
 
     def started(self) -> None:
         """The step's work is decided; its time runs from here."""
@@ -227,6 +256,9 @@ class StepBudget:
                 self.model.observe(tokens, seconds)
             if tokens == decodes:
                 self.cadence = _weighted(self.cadence, seconds, weight)
+                self._unmeasured = 0
+            elif tokens - drafts > decodes:  # it carried prefill (drafts alone do not count)
+                self._unmeasured += 1
         self._started = None
 
 
