@@ -27,7 +27,8 @@ serve: install
 # the docs site first (a broken link or an orphan page fails it), then the whole suite: what CI runs
 test: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m alone $(PYTEST_ARGS)
 
 # the fast tier: no Redis, no processes, no browser, nothing slow (tests/support/tiers.py)
 test-fast: install

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# alone (tests/support/tiers.py): it loads the host by design
+pytestmark = pytest.mark.alone
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 VERDICT = re.compile(r"^ *(met|NOT MET)  (.+): (.+)$")
 

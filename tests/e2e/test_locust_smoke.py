@@ -12,6 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+# alone (tests/support/tiers.py): it loads the host by design
+pytestmark = pytest.mark.alone
+
 RUNNER = Path(__file__).resolve().parents[2] / "deploy" / "locust" / "run_local.py"
 RUN_TIME = 20
 

@@ -10,10 +10,14 @@ import signal
 
 import httpx
 import psutil
+import pytest
 
 from tests.e2e.test_worker_faults import chat, metric
 from tests.support.serve import Served, serving
 from tests.support.waiting import until_sync
+
+# alone (tests/support/tiers.py): it times how soon killed, hung and stopped members are back
+pytestmark = pytest.mark.alone
 
 
 def workers(gateway: Served) -> list[psutil.Process]:

@@ -23,6 +23,9 @@ from tests.e2e.test_worker_faults import metric, model_id
 from tests.support.serve import Served, serving
 from tests.support.waiting import until_sync
 
+# alone (tests/support/tiers.py): it times how soon a killed or silent member is left
+pytestmark = pytest.mark.alone
+
 STREAMS = 6
 MAX_TOKENS = 300
 CUT_AFTER = 12  # content chunks every stream has before the kill

@@ -9,12 +9,16 @@ import signal
 from collections.abc import Callable
 
 import psutil
+import pytest
 
 from tests.e2e.test_pool_migration import assert_as_if_uninterrupted, cut_mid_stream, running
 from tests.e2e.test_worker_faults import metric
 from tests.support.serve import serving
 from tests.support.waiting import until_sync
 from tests.support.worker_process import running_worker
+
+# alone (tests/support/tiers.py): it times how soon a hung engine is ejected
+pytestmark = pytest.mark.alone
 
 
 def test_a_hung_engine_is_ejected_as_stalled_and_its_runs_move(tiny_model_dir, tmp_path):

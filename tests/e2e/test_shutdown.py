@@ -12,8 +12,12 @@ import aiohttp
 import httpx
 import orjson
 import psutil
+import pytest
 
 from tests.support.serve import Served, serving
+
+# alone (tests/support/tiers.py): it times how soon live streams end on SIGTERM
+pytestmark = pytest.mark.alone
 
 STREAMS = 10
 SHUTDOWN_TIMEOUT = 1.0

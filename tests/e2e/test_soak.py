@@ -18,6 +18,9 @@ import pytest
 
 from gateway.state.ledger import UsageRecord
 
+# alone (tests/support/tiers.py): it loads the host by design
+pytestmark = pytest.mark.alone
+
 ROOT = Path(__file__).resolve().parents[2]
 SOAK = ROOT / "deploy" / "soak"
 WARMUP, DURATION = 25, 30

@@ -10,10 +10,14 @@ import socket
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.serve import Served, serving
 from tests.support.waiting import until_sync
+
+# alone (tests/support/tiers.py): it times how soon killed and hung workers are noticed
+pytestmark = pytest.mark.alone
 
 PING = 1.0
 TOKEN = re.compile(rb'"delta":\{"content":"[^"]')  # a chunk with text (the role chunk has none)

@@ -19,6 +19,9 @@ from tests.e2e.test_worker_faults import metric, model_id
 from tests.support.serve import serving
 from tests.support.waiting import until_sync
 
+# alone (tests/support/tiers.py): it times how soon a killed worker serves again
+pytestmark = pytest.mark.alone
+
 PING = 0.5  # a waiting stream's headers (and its run id) come within one ping interval
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

@@ -23,6 +23,9 @@ import redis
 from tests.support.redis_server import PrivateRedis
 from tests.support.serve import Served, serving
 
+# alone (tests/support/tiers.py): it times streams through Redis killed and hung
+pytestmark = pytest.mark.alone
+
 PING = 1.0
 DELAY_MS = 20
 

@@ -16,7 +16,9 @@ import pytest
 from tests.support.redis_server import PrivateRedis
 from tests.support.serve import Served, serving
 
-pytestmark = [pytest.mark.redis, pytest.mark.process]  # a private redis-server, hung and resumed
+# a private redis-server, hung and resumed; alone (tests/support/tiers.py): it times streams
+# through Redis hung
+pytestmark = [pytest.mark.redis, pytest.mark.process, pytest.mark.alone]
 GRACE = 1.0  # the disconnect grace
 AWAY = 3.0  # Redis hung this long: past the grace, well within the outage grace (30 s)
 DELAY_MS = 20  # between the scripted upstream's tokens: a 300-token run takes 6 s

@@ -13,6 +13,12 @@ without a decorator:
 A test that reaches Redis or starts a process some other way (a CLI run as a subprocess, a Redis
 client made in its body) carries `@pytest.mark.redis` or `@pytest.mark.process` itself, or its
 module's `pytestmark` does; `slow` is always written on the test.
+
+`alone` is written on the module too: `make test` runs the rest of the suite on two processes
+(pytest-xdist, a module per process at a time) and then the `alone` tests by themselves. A test
+is `alone` when it loads the host by design (the soak, the chaos and locust smokes) or times how
+soon a killed, hung or stopped process (a worker, a member, Redis) is noticed or back: beside
+another module's processes on a 2-core host, a member restarted within the test's 60 s took 45.
 """
 
 from __future__ import annotations
