@@ -45,10 +45,11 @@ own (on CPU, 60% of free RAM).
 
 With `--compare TREE`, row (e) is row (d) run from another source tree (another checkout of this
 repository, say the commit before a change), and the ratios add engine / engine-before: before
-vs after, in one run. `--repeats N` runs every row N times, the rows taking turns (d, e, d, e,
-...) so a slow spell of a shared machine falls on both, and shows each cell's median run by
-tok/s. The modules: engine_workload (prompts, arrivals), engine_hf_rows (a-c), engine_rows and
-engine_drive (the engine rows), engine_stats, engine_cells (one row's process), engine_tables.
+vs after, in one run; with row (g) it also runs (e-g), row (g) from that tree. `--repeats N`
+runs every row N times, the rows taking turns (d, e, d, e, ...) so a slow spell of a shared
+machine falls on both, and shows each cell's median run by tok/s. The modules: engine_workload
+(prompts, arrivals), engine_hf_rows (a-c), engine_rows and engine_drive (the engine rows),
+engine_stats, engine_cells (one row's process), engine_tables.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rows += [
             r for r in ("e", "e-g") if r not in args.rows and (r == "e" or "g" in args.rows)
         ]
+    if not args.compare and {"e", "e-g"} & set(args.rows):
+        p.error("rows e and e-g run another tree's engine: give it with --compare TREE")
     if set(args.rows) - set(ROWS):
         p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from {','.join(ROWS)}")
     shares = (args.cancel_fraction, args.deadline_fraction)

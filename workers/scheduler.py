@@ -185,8 +185,14 @@ class Scheduler:
         order += prefilling
         budget = self.max_num_batched_tokens
         prefill = None  # decided once the decodes are in
-        # decodes alone now and then, to measure their cadence (step_time.py, CADENCE_EVERY)
-        alone = settled > 0 and self.step_budget is not None and self.step_budget.cadence_due()
+        # decodes alone now and then, to measure their cadence (step_time.py, CADENCE_EVERY); not
+        # on a step where a sequence yielded its place to a waiting one, which starts now
+        alone = (
+            not step.yielded
+            and settled > 0
+            and self.step_budget is not None
+            and self.step_budget.cadence_due()
+        )
         step.alone = alone
         embed = _EmbeddingRoom(self, step, alone)
         i = 0

@@ -8,12 +8,14 @@ import itertools
 
 import pytest
 
+from tests.unit.test_fair_scheduling import make_seq as fair_seq
+from tests.unit.test_fair_scheduling import run_step
 from tests.unit.test_scheduler import make_seq
 from tests.unit.test_step_time import FakeClock, FakeDevice, decoding
 from workers.block_manager import BlockManager
 from workers.embedding import Pool
 from workers.scheduler import EMBED_FLOOR, Scheduler
-from workers.step_time import CADENCE_EVERY, ITL_RATIO, StepBudget
+from workers.step_time import CADENCE_EVERY, ITL_RATIO, SETTLED_TOKENS, StepBudget
 
 
 class DearDecodesDevice(FakeDevice):
@@ -142,3 +144,27 @@ def test_an_embedding_may_take_a_chunk_below_a_prompts_floor():
     assert 0 < share < 16
     assert chunks["prompt"] == 16
     assert chunks["embedding"] == max(EMBED_FLOOR, share) < 16
+
+
+def test_a_sequence_that_yields_its_place_lets_the_waiting_one_start_at_once():
+    """The decodes do not run alone on a step where one of them yielded to a waiting sequence
+    (fair sharing): that one starts in the same step, and the cadence is measured on the next."""
+    clock = FakeClock()
+    budget = StepBudget(0.050, floor=4, clock=clock)
+    sched = Scheduler(BlockManager(64, 4), 4, 256, step_budget=budget, fair=True)
+    for i in range(4):
+        sched.add(fair_seq(f"n{i}", "noisy"))
+    for _ in range(SETTLED_TOKENS + 1):  # the batch is full, its decodes settled
+        run_step(sched)
+    sched.add(fair_seq("q", "quiet"))
+    budget._unmeasured = CADENCE_EVERY  # the cadence is due
+    step = sched.schedule()
+    assert [s.request_id for s in step.yielded] == ["n3"]
+    assert not step.alone and ("q", 4) in [(s.request_id, n) for s, n in step.work]
+    sched.computed(step.work)
+    for seq, _ in step.work:
+        if seq.num_computed_tokens == len(seq.all_ids):
+            seq.append_token(7, None)
+    sched.step_ended(step)
+    following = sched.schedule()
+    assert following.alone and following.num_tokens == following.decodes == 4
