@@ -141,7 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rows += [
             r for r in ("e", "e-g") if r not in args.rows and (r == "e" or "g" in args.rows)
         ]
-    if not args.compare and {"e", "e-g"} & set(args.rows):
+    if args.cell is None and not args.compare and {"e", "e-g"} & set(args.rows):
         p.error("rows e and e-g run another tree's engine: give it with --compare TREE")
     if set(args.rows) - set(ROWS):
         p.error(f"unknown rows {sorted(set(args.rows) - set(ROWS))}; pick from {','.join(ROWS)}")
