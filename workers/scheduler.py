@@ -187,21 +187,18 @@ class Scheduler:
         prefill = None  # decided once the decodes are in
         # decodes alone now and then, to measure their cadence (step_time.py, CADENCE_EVERY); not
         # on a step where a sequence yielded its place to a waiting one, which starts now
-        alone = (
+        step.alone = (
             not step.yielded
             and settled > 0
             and self.step_budget is not None
             and self.step_budget.cadence_due()
         )
-        step.alone = alone
-        embed = _EmbeddingRoom(self, step, alone)
+        embed = _EmbeddingRoom(self, step)
         i = 0
         while i < len(order) and budget > 0:
             seq = order[i]
             if prefill is None and seq.num_uncomputed > 1:
-                prefill = (
-                    0 if alone else self._prefill_room(step.num_tokens, budget, prompts, settled)
-                )
+                prefill = self._prefill_room(step, budget, prompts, settled)
             new = min(seq.num_uncomputed, budget if prefill is None else prefill)
             new = embed.take(seq, new, budget)
             if new == 0:
@@ -220,9 +217,7 @@ class Scheduler:
             i += 1
         if not step.preempted:
             if prefill is None:
-                prefill = (
-                    0 if alone else self._prefill_room(step.num_tokens, budget, prompts, settled)
-                )
+                prefill = self._prefill_room(step, budget, prompts, settled)
             self._admit(step, min(budget, prefill), admitting, embed)
         step.shaped = settled > 0 or step.num_tokens == step.decodes
         if self.step_budget is not None and step.work:
@@ -245,10 +240,12 @@ class Scheduler:
                 step.num_tokens, step.decodes, step.shaped, step.drafts, step.replayed
             )
 
-    def _prefill_room(self, decode_tokens: int, budget: int, prompts: int, settled: int) -> int:
+    def _prefill_room(self, step: ScheduledStep, budget: int, prompts: int, settled: int) -> int:
+        if step.alone:
+            return 0
         if self.step_budget is None:
             return budget
-        return self.step_budget.prefill_tokens(decode_tokens, budget, prompts, settled)
+        return self.step_budget.prefill_tokens(step.num_tokens, budget, prompts, settled)
 
     def _make_room(
         self, step: ScheduledStep, order: list[SequenceState], i: int, target: int
@@ -327,15 +324,15 @@ class _EmbeddingRoom:
     with its 512-token chunks beside the wave's first decodes the engine benchmark's row (g)
     had an ITL p99 up to 2.4x row (d)'s (1.2-1.8x with this room).
     Decided once per step, after the decodes; with no decodes, the embeddings take what is left;
-    none on a step whose decodes run `alone` (the cadence's measure).
+    none on a step whose decodes run alone (the cadence's measure).
     NOTE: an embedding's floor is EMBED_FLOOR tokens, not a prompt's block: no stream waits on it
     for a first token, and where a token beside the decodes costs a lot (CPU, float32: about 6
     ms beside 6-7 decodes) a 16-token floor alone ran those steps to 2.3x a decode-only one.
     """
 
-    def __init__(self, scheduler: Scheduler, step: ScheduledStep, alone: bool = False) -> None:
+    def __init__(self, scheduler: Scheduler, step: ScheduledStep) -> None:
         self.scheduler, self.step = scheduler, step
-        self.left: int | None = 0 if alone else None
+        self.left: int | None = 0 if step.alone else None
 
     def take(self, seq: SequenceState, new: int, budget: int, spend: bool = False) -> int:
         """How many of `new` tokens embedding `seq` may compute; all of them for any other

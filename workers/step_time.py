@@ -144,7 +144,7 @@ class StepBudget:
         # were the ITL tail's.
         self.draft_cost: float | None = None
         self._started: float | None = None
-        self._unmeasured = CADENCE_EVERY  # steps with decodes since a decode-only one (or a probe)
+        self._unmeasured = CADENCE_EVERY  # steps with prefill since a decode-only one was due
 
     def prefill_tokens(
         self,
@@ -215,12 +215,8 @@ class StepBudget:
         """The time a step whose decodes take `decodes_s` by the main fit may run to: the
         target, and ITL_RATIO times a decode-only step as measured (the cadence), or
         ITL_FLOOR_S."""
-        return min(self.target_s, max(ITL_FLOOR_S, ITL_RATIO * self._alone(decodes_s)))
-
-    def _alone(self, decodes_s: float) -> float:
-        """A decode-only step's time: the cadence where measured and below the fit's price
-        `decodes_s` of the step's decodes."""
-        return decodes_s if self.cadence is None else min(decodes_s, self.cadence)
+        alone = decodes_s if self.cadence is None else min(decodes_s, self.cadence)
+        return min(self.target_s, max(ITL_FLOOR_S, ITL_RATIO * alone))
 
     def started(self) -> None:
         """The step's work is decided; its time runs from here."""
