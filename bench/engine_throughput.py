@@ -138,9 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.concurrency = sorted({int(c) for c in str(args.concurrency).split(",")})
     args.rows = [r for r in args.rows.split(",") if r]
     if args.compare and args.cell is None:
-        args.rows += [
-            r for r in ("e", "e-g") if r not in args.rows and (r == "e" or "g" in args.rows)
-        ]
+        compared = ["e", "e-g"] if "g" in args.rows else ["e"]
+        args.rows += [r for r in compared if r not in args.rows]
     if args.cell is None and not args.compare and {"e", "e-g"} & set(args.rows):
         p.error("rows e and e-g run another tree's engine: give it with --compare TREE")
     if set(args.rows) - set(ROWS):

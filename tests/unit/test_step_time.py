@@ -15,7 +15,7 @@ from tests.unit.test_scheduler import make_seq
 from workers.block_manager import BlockManager
 from workers.embedding import Pool
 from workers.engine import Engine
-from workers.scheduler import Scheduler
+from workers.scheduler import ScheduledStep, Scheduler
 from workers.step_time import (
     ITL_FLOOR_S,
     ITL_RATIO,
@@ -49,14 +49,17 @@ class FakeDevice:
     def __init__(self, clock: FakeClock, fixed: float, per_token: float) -> None:
         self.clock, self.fixed, self.per_token = clock, fixed, per_token
 
+    def seconds(self, step: ScheduledStep) -> float:
+        return self.fixed + self.per_token * step.num_tokens
+
     def run(self, sched: Scheduler) -> tuple[list[tuple[str, int]], float]:
         """One engine step: schedule, run (the clock moves), read back; (work, seconds)."""
         step = sched.schedule()
-        took = self.fixed + self.per_token * step.num_tokens
+        took = self.seconds(step)
         self.clock.now += took
         for seq, new in step.work:
             seq.num_computed_tokens += new
-            if seq.num_computed_tokens == len(seq.all_ids):
+            if seq.num_computed_tokens == len(seq.all_ids) and seq.embedding is None:
                 seq.append_token(7, None)
         sched.step_ended(step)
         return [(seq.request_id, new) for seq, new in step.work], took

@@ -14,7 +14,7 @@ from tests.unit.test_scheduler import make_seq
 from tests.unit.test_step_time import FakeClock, FakeDevice, decoding
 from workers.block_manager import BlockManager
 from workers.embedding import Pool
-from workers.scheduler import EMBED_FLOOR, Scheduler
+from workers.scheduler import EMBED_FLOOR, ScheduledStep, Scheduler
 from workers.step_time import CADENCE_EVERY, ITL_RATIO, SETTLED_TOKENS, StepBudget
 
 
@@ -27,17 +27,9 @@ class DearDecodesDevice(FakeDevice):
         super().__init__(clock, fixed=0.004, per_token=0.001)
         self.per_decode = 0.006
 
-    def run(self, sched: Scheduler) -> tuple[list[tuple[str, int]], float]:
-        step = sched.schedule()
-        took = self.fixed + self.per_decode * step.decodes
-        took += self.per_token * (step.num_tokens - step.decodes)
-        self.clock.now += took
-        for seq, new in step.work:
-            seq.num_computed_tokens += new
-            if seq.num_computed_tokens == len(seq.all_ids) and seq.embedding is None:
-                seq.append_token(7, None)
-        sched.step_ended(step)
-        return [(seq.request_id, new) for seq, new in step.work], took
+    def seconds(self, step: ScheduledStep) -> float:
+        chunks = step.num_tokens - step.decodes
+        return self.fixed + self.per_decode * step.decodes + self.per_token * chunks
 
 
 def make_scheduler(clock: FakeClock, floor: int) -> Scheduler:
