@@ -26,16 +26,25 @@ PING = 0.5  # a waiting stream's headers (and its run id) come within one ping i
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-def complete(client: OpenAI, model: str) -> str:
-    answer = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8)
-    return answer.choices[0].message.content or ""
-
-
-def stream(client: OpenAI, model: str) -> str:
-    chunks = client.chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=8, stream=True
+def complete(client: OpenAI, model: str) -> tuple[str, str]:
+    """Greedy (no EOS drawn: testkit/tiny_model.py), so a whole answer is 8 tokens of text."""
+    answer = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=8, temperature=0
     )
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    choice = answer.choices[0]
+    return choice.message.content or "", choice.finish_reason
+
+
+def stream(client: OpenAI, model: str) -> tuple[str, str]:
+    chunks = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+    )
+    text, finish = "", ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish
 
 
 def test_a_killed_only_worker_is_not_ready_until_it_serves_and_requests_wait_for_it(
@@ -94,8 +103,8 @@ def test_a_killed_only_worker_is_not_ready_until_it_serves_and_requests_wait_for
                 return True
 
             until_sync(serves, "the restarted worker to serve", within=120)
-            texts = [f.result(timeout=60) for f in waiting]  # none raised: no 503, no error
-        assert all(texts)
+            answers = [f.result(timeout=60) for f in waiting]  # none raised: no 503, no error
+        assert all(text and finish == "length" for text, finish in answers), answers
         assert gateway.worker_process().pid != first.pid
         assert httpx.get(readyz).json() == {
             "status": "ready",
