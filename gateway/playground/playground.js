@@ -159,6 +159,12 @@ async function finish() {
   }
 }
 
+function temperatureOf(value) {
+  // the field as typed; blank or not a number: the API's own default (1)
+  const t = parseFloat(value);
+  return Number.isFinite(t) ? t : 1;
+}
+
 async function ask(question) {
   conversation.push({ role: "user", content: question });
   addMessage("user", question);
@@ -177,6 +183,7 @@ async function ask(question) {
       model: $("model").value,
       messages: conversation,
       max_tokens: Number($("max-tokens").value) || 256,
+      temperature: temperatureOf($("temperature").value),
       stream: true,
       stream_options: { include_usage: true },
     }),

@@ -56,9 +56,12 @@ class Page:
         return last.get_property("textContent")
 
     def ask(self, question: str, max_tokens: int) -> None:
-        limit = self.find("max-tokens")
-        limit.clear()
-        limit.send_keys(str(max_tokens))
+        """Greedy (temperature 0): sampled, the tiny model may draw its EOS within a few tokens,
+        and these tests need an answer that runs to `max_tokens`."""
+        for field, value in (("max-tokens", max_tokens), ("temperature", 0)):
+            box = self.find(field)
+            box.clear()
+            box.send_keys(str(value))
         prompt = self.find("prompt")
         prompt.clear()
         prompt.send_keys(question)
@@ -102,6 +105,11 @@ def test_a_question_streams_an_answer(served, proxy: TcpProxy, browser, tmp_path
     )
     assert page.text("resumes") == "0" and proxy.cuts == 0
     assert page.screenshot(tmp_path, "answered").stat().st_size > 0
+    # the page sent its temperature: the API's greedy answer to the same question
+    body = {"model": run["model"], "messages": [{"role": "user", "content": QUESTION}]}
+    body |= {"max_tokens": 120, "temperature": 0}
+    direct = httpx.post(f"{served.base_url}/chat/completions", json=body, headers=AUTH, timeout=60)
+    assert page.answer() == direct.json()["choices"][0]["message"]["content"]
 
 
 def confirmed_client_cancels(served) -> float:
@@ -116,10 +124,9 @@ def stop_a_running_answer(page: Page, served, attempts: int = 3) -> None:
     """Ask, pause the worker once the first text shows, click Stop; until a run is cancelled.
 
     NOTE: the tiny model writes 900 tokens in about a second, less than a click and a cancel may
-    take: the worker is paused so the run is still going when Stop reaches the gateway. It
-    samples, and now and then its end-of-text token within a few tokens (a run that ended at
-    "T //ño"): a run already completed when the worker is paused is asked again, before the
-    pool's watchdog (10 s) takes the paused worker for a hung one."""
+    take: the worker is paused so the run is still going when Stop reaches the gateway. A run
+    already completed when the worker is paused is asked again, before the pool's watchdog (10
+    s) takes the paused worker for a hung one."""
     worker = served.worker_process()
     for _ in range(attempts):
         page.ask(QUESTION, max_tokens=900)
