@@ -1,6 +1,6 @@
 """One decode step's GEMMs in each weight layout the engine uses on CPU, side by side: the BLAS on
-the weight as loaded (x @ W.T), the BLAS on the weight stored transposed (x @ W), and oneDNN's
-packed weights.
+the weight as loaded (x @ W.T), the BLAS on the weight stored transposed (x @ W), oneDNN's
+packed weights, and (float32, where torch carries MKL) MKL's packed weights.
 
 The engine picks a layout per CPU and dtype (workers/packed_linear.py); which was read off this
 table. Shapes are a model's fused projections (q/k/v, o, gate/up, down), one distinct weight per
@@ -25,13 +25,14 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workers import mkl_sgemm
 from workers.model_loader import cpu_has_amx, cpu_has_native_bf16
-from workers.packed_linear import PackedLinear, TransposedLinear
+from workers.packed_linear import MklPackedLinear, PackedLinear, TransposedLinear
 
 # SmolLM2-135M: hidden 576, 9 query and 3 KV heads of 64, MLP 1536, 30 layers, vocabulary 49152
 HIDDEN, KV, MLP, LAYERS, VOCAB = 576, 192, 1536, 30, 49152
 LAYER_SHAPES = [(HIDDEN, HIDDEN + 2 * KV), (HIDDEN, HIDDEN), (HIDDEN, 2 * MLP), (MLP, HIDDEN)]
-LAYOUTS = ("BLAS", "transposed", "packed")
+LAYOUTS = ("BLAS", "transposed", "packed", "mkl")
 
 
 def best_of(fn: Callable[[], None], repeats: int) -> float:
@@ -58,12 +59,14 @@ def step_gemms(dtype: torch.dtype, rows_list: list[int], repeats: int) -> dict:
         "transposed": [TransposedLinear(linear) for linear in linears],
         "packed": [PackedLinear(linear) for linear in linears],
     }
+    if dtype == torch.float32 and mkl_sgemm.available():
+        layouts["mkl"] = [MklPackedLinear(linear) for linear in linears]
     out = {}
     with torch.no_grad():
         for rows in rows_list:
             inputs = {width: torch.randn(rows, width, dtype=dtype) for width in (HIDDEN, MLP)}
             xs = [inputs[linear.in_features] for linear in linears]
-            for name in LAYOUTS:
+            for name in layouts:
 
                 def run(calls=layouts[name], xs=xs) -> None:
                     for call, x in zip(calls, xs, strict=True):
@@ -84,17 +87,19 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, AMX {cpu_has_amx()}, native bf16 "
         f"{cpu_has_native_bf16()}; {LAYERS} layers x {len(LAYER_SHAPES)} GEMMs + the head"
     )
-    head = f"{'dtype':<10}{'rows':>6}" + "".join(f"{name + ' ms':>15}" for name in LAYOUTS)
-    print(head + f"{'transposed/BLAS':>17}{'packed/BLAS':>13}")
+    head = f"{'dtype':<10}{'rows':>6}" + "".join(f"{name + ' ms':>14}" for name in LAYOUTS)
+    print(head + "".join(f"{name + '/BLAS':>17}" for name in LAYOUTS[1:]))
     rows_list = [int(r) for r in args.rows.split(",")]
     for name in args.dtype.split(","):
         times = step_gemms(getattr(torch, name), rows_list, args.repeats)
         for rows in rows_list:
-            cells = "".join(f"{times[rows, layout] * 1e3:>15.1f}" for layout in LAYOUTS)
             blas = times[rows, "BLAS"]
-            ratios = (
-                f"{times[rows, 'transposed'] / blas:>16.2f}x{times[rows, 'packed'] / blas:>12.2f}x"
-            )
+            cells = ratios = ""
+            for layout in LAYOUTS:
+                took = times.get((rows, layout))
+                cells += f"{'-':>14}" if took is None else f"{took * 1e3:>14.1f}"
+                if layout != "BLAS":
+                    ratios += f"{'-':>17}" if took is None else f"{took / blas:>16.2f}x"
             print(f"{name:<10}{rows:>6}{cells}{ratios}")
 
 

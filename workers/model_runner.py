@@ -33,8 +33,10 @@ from workers.kv_cache import KVCache
 from workers.llama_forward import lean_forward
 from workers.own_memory import own_weights
 from workers.packed_linear import (
+    mkl_pack_linears,
     pack_linears,
     should_pack,
+    should_pack_for_mkl,
     should_transpose,
     transpose_linears,
 )
@@ -184,6 +186,8 @@ class ModelRunner:
         fuse_projections(model)
         if should_pack(self.device, self.dtype):
             pack_linears(model)
+        elif should_pack_for_mkl(self.device, self.dtype):
+            mkl_pack_linears(model)
         elif should_transpose(self.device, self.dtype):
             transpose_linears(model)
         trim_heap()  # the weights fusing and packing (or transposing) replaced

@@ -1,4 +1,4 @@
-"""Linear layers whose weights oneDNN has laid out once, for its own GEMM kernels (CPU).
+"""Linear layers whose weights oneDNN (or MKL) has laid out once, for its own GEMM kernels (CPU).
 
 Why: a plain `F.linear` on CPU hands the row-major weight to the BLAS on every call, and at
 decode batch sizes the small-M GEMM spends much of its time on that layout. oneDNN can reorder
@@ -23,27 +23,28 @@ the engine bench read 1.74x, 1.73x and 1.44x the tokens/s at c=1, 32, 64 (`--com
 repeats taking turns).
 
 So bfloat16 is packed where the CPU computes it natively (AVX512-BF16, AMX), float32 on AVX2 and
-AVX-512 CPUs without AMX (on the AMX host the BLAS's own kernels matched it); CUDA never (its
-GEMMs take the weight as it is).
+AVX-512 CPUs without AMX for oneDNN, and on AMX CPUs for MKL's own GEMM (`MklPackedLinear`,
+mkl_sgemm.py); CUDA never (its GEMMs take the weight as it is).
 
-On the AMX host float32 stays with the BLAS, but with the weight stored transposed (`[in, out]`,
-`TransposedLinear`). `bench/packed_gemm.py`, over the default model's 30 layers of distinct
-weights (as a step reads them, from memory rather than cache), float32, against `F.linear`'s
-x @ W.T:
+On the AMX host oneDNN's float32 packing cost a lone sequence (1.15-1.23x its step), and the
+BLAS on a transposed weight (`[in, out]`, `TransposedLinear`) gained 1.02-1.05x at most. MKL's
+packed GEMM pays at every batch size but one row. `bench/packed_gemm.py --dtype float32`, one
+step's GEMMs over the default model's 30 layers of distinct weights (as a step reads them, from
+memory rather than cache) and the head, against `F.linear`'s x @ W.T:
 
-    rows                1     8     16    32    48    64    96    128
-    transposed (x @ W)  0.90  0.84  1.02  1.03  0.89  0.90  0.90  0.96
-    packed (oneDNN)     1.18  0.62  0.77  0.86  0.96  0.95  1.00  1.00
+    rows                1     8     32    64    256   512
+    transposed (x @ W)  0.95  0.89  0.95  0.89  1.00  0.95
+    packed (oneDNN)     1.14  0.60  0.83  0.91  0.71  0.98
+    packed (MKL)        1.04  0.63  0.76  0.74  0.64  0.93
 
-No layout wins everywhere; the transposed one never costs a lone sequence (packed does, 18%),
-and the engine bench read 1.05x, 1.02x and 1.05x the tokens/s at c=1, 32 and 64 with it
-(`--compare`, two repeats taking turns). Holding both layouts and picking per step would double
-the weights' memory.
+MKL packs each weight for a number of rows it is told (`mkl_sgemm.PACKED_ROWS`) and runs any
+number on it. The transposed form stays for an AMX host whose torch has no MKL. Holding two
+layouts and picking per step would double the weights' memory.
 
 The packed (or transposed) weight replaces the layer's own; a tied output projection (lm_head
-sharing the embedding's matrix) gets its own packed copy, the embedding keeps the original. A
-tied projection is not transposed: a second float32 copy of the vocabulary's matrix (113 MiB for
-the default model) for about 1 ms of a 150 ms step.
+sharing the embedding's matrix) gets its own oneDNN-packed copy, the embedding keeps the
+original. A tied projection is not transposed or packed for MKL: a second float32 copy of the
+vocabulary's matrix (113 MiB for the default model) for about 1 ms of a 150 ms step.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workers import mkl_sgemm
 from workers.model_loader import cpu_has_amx, cpu_has_native_bf16
 from workers.module_swap import replace_modules
 
@@ -100,6 +102,32 @@ class TransposedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, transposed"
 
 
+class MklPackedLinear(nn.Module):
+    """`nn.Linear`'s forward, float32, on a weight packed once for MKL's GEMM (mkl_sgemm.py);
+    same input and output (bit for bit from 16 rows, within float32 rounding below)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        # NOTE: a plain attribute, not a parameter or buffer: MKL's opaque layout, which `.to()`
+        # and `state_dict()` must not touch, and which must never move (mkl_sgemm.py)
+        self.packed = mkl_sgemm.pack(linear.weight.detach())
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = mkl_sgemm.linear(rows, self.packed, self.out_features)
+        if self.bias is not None:
+            out += self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def __deepcopy__(self, memo: dict) -> MklPackedLinear:
+        raise TypeError("an MKL-packed weight cannot be copied: its layout depends on its address")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, MKL"
+
+
 def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether packing pays for this model (the measurements in the module's docstring)."""
     if device.type != "cpu" or not _kernels_available():
@@ -110,21 +138,40 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and vector and not cpu_has_amx()
 
 
+def should_pack_for_mkl(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether float32 weights are packed for MKL's GEMM instead (the AMX host's measurement)."""
+    amx_float32 = device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
+    return amx_float32 and mkl_sgemm.available()
+
+
 def should_transpose(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether float32 weights are stored transposed instead (the AMX host's measurement)."""
-    return device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
+    """Whether float32 weights are stored transposed instead (an AMX host whose torch has no
+    MKL)."""
+    amx_float32 = device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
+    return amx_float32 and not mkl_sgemm.available()
 
 
 def transpose_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` in `model` but a tied output projection by its transposed
     form, in place; returns how many."""
+    return _replace_untied(model, TransposedLinear)
+
+
+def _replace_untied(model: nn.Module, layer: type[nn.Module]) -> int:
+    """Every `nn.Linear` but one sharing the input embedding's matrix, as `layer(linear)`."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     shared = None if embed is None else embed.weight
 
-    def transposed(linear: nn.Linear) -> nn.Module:
-        return linear if linear.weight is shared else TransposedLinear(linear)
+    def replaced(linear: nn.Linear) -> nn.Module:
+        return linear if linear.weight is shared else layer(linear)
 
-    return replace_modules(model, {nn.Linear: transposed})
+    return replace_modules(model, {nn.Linear: replaced})
+
+
+def mkl_pack_linears(model: nn.Module) -> int:
+    """Replace every `nn.Linear` in `model` but a tied output projection by its MKL-packed form,
+    in place; returns how many."""
+    return _replace_untied(model, MklPackedLinear)
 
 
 def pack_linears(model: nn.Module) -> int:

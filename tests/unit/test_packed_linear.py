@@ -1,8 +1,9 @@
-"""Linear layers packed for oneDNN (or, float32 on an AMX CPU, with their weights transposed for
-the BLAS) compute what the loaded model computes: same logits (within rounding), the same greedy
-tokens through `generate` and through the engine; the engine packs only where it was measured to
-pay (CPU: bfloat16 with native support, float32 on AVX2 and on AVX-512 without AMX), transposes
-float32 on AMX, and a tied output projection leaves the embedding it shares untouched."""
+"""Linear layers packed for oneDNN (or, float32 on an AMX CPU, packed for MKL's GEMM, or with
+their weights transposed for the BLAS where torch has no MKL) compute what the loaded model
+computes: same logits (within rounding), the same greedy tokens through `generate` and through
+the engine; the engine packs only where it was measured to pay (CPU: bfloat16 with native
+support, float32 on AVX2 and on AVX-512 without AMX, float32 for MKL on AMX), and a tied output
+projection leaves the embedding it shares untouched."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from tests.support.model_equivalence import (
     assert_same_logits,
     texts_with_and_without,
 )
-from workers import packed_linear
+from workers import mkl_sgemm, packed_linear
 from workers.fused_layers import fuse_projections
 from workers.model_loader import cpu_has_native_bf16, load_model
 from workers.packed_linear import (
+    MklPackedLinear,
     PackedLinear,
     TransposedLinear,
+    mkl_pack_linears,
     pack_linears,
     should_pack,
+    should_pack_for_mkl,
     should_transpose,
     transpose_linears,
 )
@@ -73,45 +77,75 @@ def test_the_engine_packs_native_bfloat16_and_streams_what_it_streams_unpacked(
     assert type(plain_model.lm_head) is nn.Linear
 
 
-def test_the_engine_packs_float32_on_avx2_and_streams_what_it_streams_unpacked(
-    tiny_model_dir, monkeypatch
+needs_mkl = pytest.mark.skipif(not mkl_sgemm.available(), reason="this torch has no MKL")
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [0, 1, 3, 16, 40])
+def test_an_mkl_packed_linear_computes_what_the_layer_computes(rows: int) -> None:
+    linear = nn.Linear(96, 200, bias=True).requires_grad_(False)
+    packed = MklPackedLinear(linear)
+    assert [p.dim() for p in packed.parameters()] == [1], "the bias; no dense weight is kept"
+    x = torch.randn(2, rows, 96)
+    out, expected = packed(x), linear(x)
+    assert out.shape == expected.shape == (2, rows, 200)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    strided = torch.randn(rows, 192)[:, ::2]  # an input that is not contiguous
+    torch.testing.assert_close(packed(strided), linear(strided), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "layer"),
+    [
+        (transpose_linears, TransposedLinear),
+        pytest.param(mkl_pack_linears, MklPackedLinear, marks=needs_mkl),
+    ],
+)
+def test_a_float32_layout_computes_what_the_loaded_model_computes(
+    tiny_model_dir, rewrite, layer
 ) -> None:
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: False)
-    model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    (packed, packed_model), (plain, plain_model) = texts_with_and_without(
-        model, tokenizer, monkeypatch, "should_pack", lambda *args: False
-    )
-    assert plain == packed
-    assert isinstance(packed_model.model.layers[0].mlp.gate_up_proj, PackedLinear)
-    assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
-
-
-def test_transposed_model_computes_what_the_loaded_model_computes(tiny_model_dir) -> None:
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
     fuse_projections(model)
-    transposed = copy.deepcopy(model)
+    laid_out = copy.deepcopy(model)
     untied_head = model.lm_head.weight is not model.model.embed_tokens.weight
-    assert transpose_linears(transposed) == 4 * model.config.num_hidden_layers + untied_head
-    layer = transposed.model.layers[0]
-    assert isinstance(layer.mlp.gate_up_proj, TransposedLinear)
-    assert layer.mlp.gate_up_proj.weight_t.is_contiguous()
-    assert_same_logits(model, transposed, tokenizer)
-    assert_same_greedy(model, transposed, tokenizer)
-    assert transpose_linears(transposed) == 0, "transposing twice is a no-op"
+    assert rewrite(laid_out) == 4 * model.config.num_hidden_layers + untied_head
+    gate_up = laid_out.model.layers[0].mlp.gate_up_proj
+    assert isinstance(gate_up, layer)
+    assert layer is not TransposedLinear or gate_up.weight_t.is_contiguous()
+    assert_same_logits(model, laid_out, tokenizer)
+    assert_same_greedy(model, laid_out, tokenizer)
+    assert rewrite(laid_out) == 0, "laying out twice is a no-op"
 
 
-def test_the_engine_transposes_float32_on_an_amx_cpu_and_streams_what_it_streams_as_loaded(
-    tiny_model_dir, monkeypatch
+@needs_mkl
+def test_an_mkl_packed_weight_cannot_be_copied_to_another_address() -> None:
+    packed = MklPackedLinear(nn.Linear(8, 8).requires_grad_(False))
+    with pytest.raises(TypeError, match="cannot be copied"):
+        copy.deepcopy(packed)
+    with pytest.raises(ValueError, match="float32"):
+        mkl_sgemm.pack(torch.zeros(8, 8, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("capability", "amx", "mkl", "rewrite", "layer"),
+    [
+        ("AVX2", False, True, "should_pack", PackedLinear),
+        pytest.param("AVX512", True, True, "should_pack_for_mkl", MklPackedLinear, marks=needs_mkl),
+        ("AVX512", True, False, "should_transpose", TransposedLinear),  # a torch without MKL
+    ],
+)
+def test_the_engine_lays_float32_out_for_its_cpu_and_streams_what_it_streams_as_loaded(
+    tiny_model_dir, monkeypatch, capability, amx, mkl, rewrite, layer
 ) -> None:
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(mkl_sgemm, "available", lambda: mkl)
     model, tokenizer = load_model(tiny_model_dir, "cpu", "float32")
-    (transposed, transposed_model), (plain, plain_model) = texts_with_and_without(
-        model, tokenizer, monkeypatch, "should_transpose", lambda *args: False
+    (laid_out, laid_out_model), (plain, plain_model) = texts_with_and_without(
+        model, tokenizer, monkeypatch, rewrite, lambda *args: False
     )
-    assert plain == transposed
-    assert isinstance(transposed_model.model.layers[0].mlp.gate_up_proj, TransposedLinear)
+    assert plain == laid_out
+    assert isinstance(laid_out_model.model.layers[0].mlp.gate_up_proj, layer)
     assert type(plain_model.model.layers[0].mlp.gate_up_proj) is nn.Linear
 
 
@@ -129,7 +163,14 @@ def test_a_tied_output_projection_is_packed_apart_from_the_embedding() -> None:
     torch.testing.assert_close(model["head"](hidden), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_tied_output_projection_is_not_transposed() -> None:
+@pytest.mark.parametrize(
+    ("replace", "layer"),
+    [
+        (transpose_linears, TransposedLinear),
+        pytest.param(mkl_pack_linears, MklPackedLinear, marks=needs_mkl),
+    ],
+)
+def test_a_tied_output_projection_is_not_transposed_or_packed_for_mkl(replace, layer) -> None:
     embedding = nn.Embedding(32, 8)
     head = nn.Linear(8, 32, bias=False)
     head.weight = embedding.weight
@@ -146,9 +187,9 @@ def test_a_tied_output_projection_is_not_transposed() -> None:
     model = Tied().requires_grad_(False)
     hidden = torch.randn(3, 8)
     expected = head(inner(hidden))
-    assert transpose_linears(model) == 1
+    assert replace(model) == 1
     assert model.head is head and model.head.weight is embedding.weight
-    assert isinstance(model.inner, TransposedLinear)
+    assert isinstance(model.inner, layer)
     torch.testing.assert_close(model.head(model.inner(hidden)), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -167,8 +208,13 @@ def test_packing_happens_only_where_it_was_measured_to_pay(monkeypatch) -> None:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda a=amx: a)
         assert should_pack(CPU, torch.float32) is packs, (capability, amx)
-        transposes = amx and not packs
-        assert should_transpose(CPU, torch.float32) is transposes, (capability, amx)
+        for mkl in (True, False):  # float32 on AMX: MKL's packing, else transposed
+            monkeypatch.setattr(mkl_sgemm, "available", lambda m=mkl: m)
+            for_mkl, transposes = amx and mkl, amx and not mkl
+            assert should_pack_for_mkl(CPU, torch.float32) is for_mkl, (capability, amx, mkl)
+            assert should_transpose(CPU, torch.float32) is transposes, (capability, amx, mkl)
+            assert not should_pack_for_mkl(CPU, torch.bfloat16)
+            assert not should_pack_for_mkl(CUDA, torch.float32)
         assert not should_transpose(CPU, torch.bfloat16), "bfloat16 is packed or left as loaded"
         assert not should_transpose(CUDA, torch.float32)
     assert not should_pack(CUDA, torch.float32)

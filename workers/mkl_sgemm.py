@@ -1,0 +1,115 @@
+"""MKL's packed single-precision GEMM (`cblas_sgemm_pack` / `cblas_sgemm_compute`), reached in
+torch's own library.
+
+Why: on a CPU with AMX tiles float32 has no tiles (they take bfloat16 and int8), and the BLAS's
+`F.linear` re-lays each weight out on every call; at decode batch sizes that is much of a GEMM's
+time. MKL can lay a weight out once for its own kernels and then run every call on it, whatever
+the number of rows (`cblas_sgemm_pack_get_size` answers the same for 1 and 256 rows; rows of 16
+and more come out bit for bit as `F.linear`'s, fewer within float32 rounding). torch's x86
+builds link MKL in and export its CBLAS functions, so no other library is loaded; where torch
+was built without MKL, `available()` says so and packed_linear.py keeps another layout.
+
+Two rules of MKL's own: a packed buffer is never moved (its metadata depend on its address:
+a torch tensor's storage does not move, and `MklPackedLinear` refuses a deep copy), and packing
+and computing run on the same number of threads (both on torch's, which a worker leaves as
+they start).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+from pathlib import Path
+
+import torch
+
+_ROW_MAJOR, _NO_TRANS, _TRANS, _B_MATRIX, _PACKED = 101, 111, 112, 162, 151
+_int, _ptr, _float = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+# The rows MKL is told a weight will be multiplied by when it packs it; any number may be. Of 1,
+# 16, 32, 64, 256 and 1,024 on a 2-core AMX host, 256 was the best from 8 rows to 512 and within
+# 4% of the BLAS at one (bench/packed_gemm.py; 1,024 cost a lone sequence 40%, 16 lost at 64+).
+PACKED_ROWS = 256
+
+
+@functools.cache
+def _cblas() -> ctypes.CDLL | None:
+    """torch's library, with the three functions' signatures; None where it has no MKL."""
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        get_size, pack, compute = (
+            lib.cblas_sgemm_pack_get_size,
+            lib.cblas_sgemm_pack,
+            lib.cblas_sgemm_compute,
+        )
+    except (OSError, AttributeError):  # another platform's library, or MKL's symbols hidden
+        return None
+    get_size.restype = ctypes.c_size_t
+    get_size.argtypes = [_int, _int, _int, _int]
+    pack.restype = None
+    pack.argtypes = [_int, _int, _int, _int, _int, _int, _float, _ptr, _int, _ptr]
+    compute.restype = None
+    compute.argtypes = [_int, _int, _int, _int, _int, _int, _ptr, _int, _ptr, _int, _float]
+    compute.argtypes += [_ptr, _int]
+    return lib
+
+
+def available() -> bool:
+    """Whether this torch carries MKL's packed GEMM."""
+    return _cblas() is not None
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` ([out, in], float32, CPU) laid out for `linear`: an opaque buffer.
+
+    NOTE: MKL asks for a buffer sized for its worst case (2-9x the weight at the default model's
+    shapes) and writes about the weight's own size of it. The buffer is a mapping of its own, not
+    the heap's: pages never written stay out of RSS only where nothing was there before (taken
+    from the heap, freed chunks already resident made a worker 270 MiB larger)."""
+    lib = _cblas()
+    if lib is None:
+        raise RuntimeError("this torch has no MKL")
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        raise ValueError("MKL's packed GEMM takes a 2-D float32 CPU weight")
+    weight = weight.contiguous()
+    out_features, in_features = weight.shape
+    size = lib.cblas_sgemm_pack_get_size(_B_MATRIX, PACKED_ROWS, out_features, in_features)
+    buffer = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)  # page-aligned, zero
+    lib.cblas_sgemm_pack(
+        _ROW_MAJOR,
+        _B_MATRIX,
+        _TRANS,  # B = weightᵀ: the layer computes x @ weightᵀ
+        PACKED_ROWS,
+        out_features,
+        in_features,
+        1.0,
+        weight.data_ptr(),
+        in_features,
+        buffer.data_ptr(),
+    )
+    return buffer
+
+
+def linear(rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """rows ([m, in], float32, contiguous) @ weightᵀ through the packed weight → [m, out]."""
+    m, in_features = rows.shape
+    out = torch.empty(m, out_features, dtype=rows.dtype)
+    if m:
+        _cblas().cblas_sgemm_compute(
+            _ROW_MAJOR,
+            _NO_TRANS,
+            _PACKED,
+            m,
+            out_features,
+            in_features,
+            rows.data_ptr(),
+            in_features,
+            packed.data_ptr(),
+            in_features,
+            0.0,
+            out.data_ptr(),
+            out_features,
+        )
+    return out
