@@ -6,8 +6,10 @@ Why: on a CPU with AMX tiles float32 has no tiles (they take bfloat16 and int8),
 time. MKL can lay a weight out once for its own kernels and then run every call on it, whatever
 the number of rows (`cblas_sgemm_pack_get_size` answers the same for 1 and 256 rows; rows of 16
 and more come out bit for bit as `F.linear`'s, fewer within float32 rounding). torch's x86
-builds link MKL in and export its CBLAS functions, so no other library is loaded; where torch
-was built without MKL, `available()` says so and packed_linear.py keeps another layout.
+builds link MKL in and export its CBLAS functions, so no other library is loaded. Where torch
+was built without MKL, or its packed GEMM disagrees with `F.linear` on a first check (the row
+counts' independence is measured, not documented), `available()` says so and packed_linear.py
+keeps another layout.
 
 Two rules of MKL's own: a packed buffer is never moved (its metadata depend on its address:
 a torch tensor's storage does not move, and `MklPackedLinear` refuses a deep copy), and packing
@@ -22,7 +24,11 @@ import functools
 import mmap
 from pathlib import Path
 
+import structlog
 import torch
+import torch.nn.functional as F
+
+log = structlog.get_logger("sluice.worker.kernel")
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _B_MATRIX, _PACKED = 101, 111, 112, 162, 151
 _int, _ptr, _float = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
@@ -56,9 +62,22 @@ def _cblas() -> ctypes.CDLL | None:
     return lib
 
 
+@functools.cache
 def available() -> bool:
-    """Whether this torch carries MKL's packed GEMM."""
-    return _cblas() is not None
+    """Whether this torch carries MKL's packed GEMM, and it computes what `F.linear` does for
+    other row counts than it was packed for (checked once: a layout that did not would be wrong
+    silently, so another MKL than the one measured is taken on trust by no worker)."""
+    if _cblas() is None:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 24, generator=generator)
+    packed = pack(weight)
+    for rows in (1, 5, PACKED_ROWS + 3):
+        x = torch.randn(rows, 24, generator=generator)
+        if not torch.allclose(linear(x, packed, 40), F.linear(x, weight), rtol=1e-4, atol=1e-4):
+            log.warning("MKL's packed GEMM disagrees with F.linear; not used", rows=rows)
+            return False
+    return True
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

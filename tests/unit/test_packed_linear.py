@@ -118,6 +118,20 @@ def test_a_float32_layout_computes_what_the_loaded_model_computes(
 
 
 @needs_mkl
+def test_mkl_is_not_used_where_its_packed_gemm_disagrees_with_f_linear(monkeypatch) -> None:
+    def wrong(rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        return torch.zeros(rows.shape[0], out_features)
+
+    monkeypatch.setattr(mkl_sgemm, "linear", wrong)
+    mkl_sgemm.available.cache_clear()
+    try:
+        assert not mkl_sgemm.available()
+        assert not should_pack_for_mkl(CPU, torch.float32)
+    finally:
+        mkl_sgemm.available.cache_clear()  # asked again once the real one is back
+
+
+@needs_mkl
 def test_an_mkl_packed_weight_cannot_be_copied_to_another_address() -> None:
     packed = MklPackedLinear(nn.Linear(8, 8).requires_grad_(False))
     with pytest.raises(TypeError, match="cannot be copied"):
