@@ -4,15 +4,15 @@ torch's own library.
 Why: on a CPU with AMX tiles float32 has no tiles (they take bfloat16 and int8), and the BLAS's
 `F.linear` re-lays each weight out on every call; at decode batch sizes that is much of a GEMM's
 time. MKL can lay a weight out once for its own kernels and then run every call on it, whatever
-the number of rows (`cblas_sgemm_pack_get_size` answers the same for 1 and 256 rows; rows of 16
-and more come out bit for bit as `F.linear`'s, fewer within float32 rounding). torch's x86
+the number of rows (`cblas_sgemm_pack_get_size` answers the same for 1 and 256 rows, and every
+row count comes out as `F.linear`'s within float32 rounding). torch's x86
 builds link MKL in and export its CBLAS functions, so no other library is loaded. Where torch
 was built without MKL, or its packed GEMM disagrees with `F.linear` on a first check (the row
 counts' independence is measured, not documented), `available()` says so and packed_linear.py
 keeps another layout.
 
 Two rules of MKL's own: a packed buffer is never moved (its metadata depend on its address:
-a torch tensor's storage does not move, and `MklPackedLinear` refuses a deep copy), and packing
+a torch tensor's storage does not move, and `PackedWeight` refuses a copy), and packing
 and computing run on the same number of threads (both on torch's, which a worker leaves as
 they start).
 """
@@ -23,6 +23,7 @@ import ctypes
 import functools
 import mmap
 from pathlib import Path
+from typing import NoReturn
 
 import structlog
 import torch
@@ -57,36 +58,93 @@ def _cblas() -> ctypes.CDLL | None:
     pack.restype = None
     pack.argtypes = [_int, _int, _int, _int, _int, _int, _float, _ptr, _int, _ptr]
     compute.restype = None
-    compute.argtypes = [_int, _int, _int, _int, _int, _int, _ptr, _int, _ptr, _int, _float]
-    compute.argtypes += [_ptr, _int]
+    compute.argtypes = [
+        *(_int, _int, _int, _int, _int, _int),  # layout, op(A), op(B), m, n, k
+        *(_ptr, _int, _ptr, _int, _float, _ptr, _int),  # a, lda, b, ldb, beta, c, ldc
+    ]
     return lib
+
+
+def carried() -> bool:
+    """Whether this torch carries MKL's packed GEMM at all."""
+    return _cblas() is not None
+
+
+# (out, in) shapes like a model's layers (both of the default model's widths, and odd ones): MKL
+# takes other blocking paths for other shapes, so the check below covers more than one
+_CHECKED_SHAPES = ((1536, 576), (576, 1536), (1000, 777))
 
 
 @functools.cache
 def available() -> bool:
-    """Whether this torch carries MKL's packed GEMM, and it computes what `F.linear` does for
-    other row counts than it was packed for (checked once: a layout that did not would be wrong
-    silently, so another MKL than the one measured is taken on trust by no worker)."""
-    if _cblas() is None:
+    """Whether MKL's packed GEMM is carried and computes what `F.linear` does at row counts other
+    than the one it packed for (checked once, a few milliseconds: the independence is measured,
+    not documented, and another MKL that broke it would be wrong silently)."""
+    if not carried():
         return False
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(40, 24, generator=generator)
-    packed = pack(weight)
-    for rows in (1, 5, PACKED_ROWS + 3):
-        x = torch.randn(rows, 24, generator=generator)
-        if not torch.allclose(linear(x, packed, 40), F.linear(x, weight), rtol=1e-4, atol=1e-4):
-            log.warning("MKL's packed GEMM disagrees with F.linear; not used", rows=rows)
-            return False
+    for shape in _CHECKED_SHAPES:
+        weight = torch.randn(shape, generator=generator)
+        packed = pack(weight)
+        for rows in (1, 17, PACKED_ROWS + 1):
+            x = torch.randn(rows, shape[1], generator=generator)
+            if not torch.allclose(packed(x), F.linear(x, weight), rtol=1e-4, atol=1e-3):
+                log.warning("MKL's packed GEMM disagrees with F.linear; not used", rows=rows)
+                return False
     return True
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` ([out, in], float32, CPU) laid out for `linear`: an opaque buffer.
+class PackedWeight:
+    """A weight ([out, in]) laid out by MKL; called on rows ([m, in], float32, contiguous, CPU),
+    it returns rows @ weightᵀ ([m, out]). It cannot be copied or pickled: MKL's layout depends
+    on the buffer's address (a copy elsewhere computed wrong numbers, then crashed)."""
+
+    __slots__ = ("_buffer", "in_features", "out_features")
+
+    def __init__(self, buffer: torch.Tensor, out_features: int, in_features: int) -> None:
+        self._buffer, self.out_features, self.in_features = buffer, out_features, in_features
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        if (
+            rows.dtype is not torch.float32
+            or rows.device.type != "cpu"
+            or rows.dim() != 2
+            or rows.shape[1] != self.in_features
+            or not rows.is_contiguous()
+        ):
+            # NOTE: MKL reads and writes float32 by the shapes it is given, whatever the tensor
+            raise ValueError(f"expected contiguous float32 CPU rows of {self.in_features}")
+        m = rows.shape[0]
+        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        if m:
+            _cblas().cblas_sgemm_compute(
+                _ROW_MAJOR,
+                _NO_TRANS,
+                _PACKED,
+                m,
+                self.out_features,
+                self.in_features,
+                rows.data_ptr(),
+                self.in_features,
+                self._buffer.data_ptr(),
+                self.in_features,
+                0.0,
+                out.data_ptr(),
+                self.out_features,
+            )
+        return out
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise TypeError("an MKL-packed weight cannot be copied: its layout depends on its address")
+
+
+def pack(weight: torch.Tensor) -> PackedWeight:
+    """`weight` ([out, in], float32, CPU) laid out once by MKL.
 
     NOTE: MKL asks for a buffer sized for its worst case (2-9x the weight at the default model's
-    shapes) and writes about the weight's own size of it. The buffer is a mapping of its own, not
-    the heap's: pages never written stay out of RSS only where nothing was there before (taken
-    from the heap, freed chunks already resident made a worker 270 MiB larger)."""
+    shapes) and writes about the weight's own size of it. The buffer is a private mapping of its
+    own, not the heap's: pages never written stay out of RSS only where nothing was there before
+    (taken from the heap, freed chunks already resident made a worker 270 MiB larger)."""
     lib = _cblas()
     if lib is None:
         raise RuntimeError("this torch has no MKL")
@@ -95,7 +153,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.contiguous()
     out_features, in_features = weight.shape
     size = lib.cblas_sgemm_pack_get_size(_B_MATRIX, PACKED_ROWS, out_features, in_features)
-    buffer = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)  # page-aligned, zero
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # anonymous, page-aligned, zero
+    buffer = torch.frombuffer(mapping, dtype=torch.uint8)
     lib.cblas_sgemm_pack(
         _ROW_MAJOR,
         _B_MATRIX,
@@ -108,27 +167,4 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         in_features,
         buffer.data_ptr(),
     )
-    return buffer
-
-
-def linear(rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """rows ([m, in], float32, contiguous) @ weightᵀ through the packed weight → [m, out]."""
-    m, in_features = rows.shape
-    out = torch.empty(m, out_features, dtype=rows.dtype)
-    if m:
-        _cblas().cblas_sgemm_compute(
-            _ROW_MAJOR,
-            _NO_TRANS,
-            _PACKED,
-            m,
-            out_features,
-            in_features,
-            rows.data_ptr(),
-            in_features,
-            packed.data_ptr(),
-            in_features,
-            0.0,
-            out.data_ptr(),
-            out_features,
-        )
-    return out
+    return PackedWeight(buffer, out_features, in_features)

@@ -30,7 +30,8 @@ On the AMX host oneDNN's float32 packing cost a lone sequence (1.15-1.23x its st
 BLAS on a transposed weight (`[in, out]`, `TransposedLinear`) gained 1.02-1.05x at most. MKL's
 packed GEMM pays at every batch size but one row. `bench/packed_gemm.py --dtype float32`, one
 step's GEMMs over the default model's 30 layers of distinct weights (as a step reads them, from
-memory rather than cache) and the head, against `F.linear`'s x @ W.T:
+memory rather than cache) and the head (every layout's own here; the engine leaves a tied head
+as loaded), against `F.linear`'s x @ W.T:
 
     rows                1     8     32    64    256   512
     transposed (x @ W)  0.95  0.89  0.95  0.89  1.00  0.95
@@ -104,25 +105,22 @@ class TransposedLinear(nn.Module):
 
 class MklPackedLinear(nn.Module):
     """`nn.Linear`'s forward, float32, on a weight packed once for MKL's GEMM (mkl_sgemm.py);
-    same input and output (bit for bit from 16 rows, within float32 rounding below)."""
+    same input and output within float32 rounding. Not copyable (the packed weight is not)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # NOTE: a plain attribute, not a parameter or buffer: MKL's opaque layout, which `.to()`
-        # and `state_dict()` must not touch, and which must never move (mkl_sgemm.py)
+        # and `state_dict()` must not touch (a float32 layout whatever the model is cast to: a
+        # cast model's rows are refused, not misread)
         self.packed = mkl_sgemm.pack(linear.weight.detach())
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = mkl_sgemm.linear(rows, self.packed, self.out_features)
+        out = self.packed(x.reshape(-1, self.in_features).contiguous())
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
-
-    def __deepcopy__(self, memo: dict) -> MklPackedLinear:
-        raise TypeError("an MKL-packed weight cannot be copied: its layout depends on its address")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, MKL"
@@ -140,15 +138,17 @@ def should_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 def should_pack_for_mkl(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether float32 weights are packed for MKL's GEMM instead (the AMX host's measurement)."""
-    amx_float32 = device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
-    return amx_float32 and mkl_sgemm.available()
+    return _float32_on_amx(device, dtype) and mkl_sgemm.available()
 
 
 def should_transpose(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether float32 weights are stored transposed instead (an AMX host whose torch has no
-    MKL)."""
-    amx_float32 = device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
-    return amx_float32 and not mkl_sgemm.available()
+    """Whether float32 weights are stored transposed instead: an AMX host whose torch has no
+    MKL, or one whose packed GEMM failed mkl_sgemm's check."""
+    return _float32_on_amx(device, dtype) and not mkl_sgemm.available()
+
+
+def _float32_on_amx(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.float32 and cpu_has_amx()
 
 
 def transpose_linears(model: nn.Module) -> int:

@@ -109,7 +109,7 @@ def test_a_question_streams_an_answer(served, proxy: TcpProxy, browser, tmp_path
     body = {"model": run["model"], "messages": [{"role": "user", "content": QUESTION}]}
     body |= {"max_tokens": 120, "temperature": 0}
     direct = httpx.post(f"{served.base_url}/chat/completions", json=body, headers=AUTH, timeout=60)
-    assert page.answer() == direct.json()["choices"][0]["message"]["content"]
+    assert page.answer() == direct.raise_for_status().json()["choices"][0]["message"]["content"]
 
 
 def confirmed_client_cancels(served) -> float:

@@ -8,6 +8,7 @@ projection leaves the embedding it shares untouched."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -77,21 +78,28 @@ def test_the_engine_packs_native_bfloat16_and_streams_what_it_streams_unpacked(
     assert type(plain_model.lm_head) is nn.Linear
 
 
-needs_mkl = pytest.mark.skipif(not mkl_sgemm.available(), reason="this torch has no MKL")
+needs_mkl = pytest.mark.skipif(not mkl_sgemm.carried(), reason="this torch has no MKL")
 
 
 @needs_mkl
-@pytest.mark.parametrize("rows", [0, 1, 3, 16, 40])
+def test_mkl_s_packed_gemm_is_available_wherever_torch_carries_it() -> None:
+    """Its check passes here: a wrapper that broke it would otherwise only fall back quietly."""
+    assert mkl_sgemm.available()
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [0, 1, 3, 16, 40, mkl_sgemm.PACKED_ROWS + 44])
 def test_an_mkl_packed_linear_computes_what_the_layer_computes(rows: int) -> None:
     linear = nn.Linear(96, 200, bias=True).requires_grad_(False)
     packed = MklPackedLinear(linear)
     assert [p.dim() for p in packed.parameters()] == [1], "the bias; no dense weight is kept"
-    x = torch.randn(2, rows, 96)
-    out, expected = packed(x), linear(x)
-    assert out.shape == expected.shape == (2, rows, 200)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
     strided = torch.randn(rows, 192)[:, ::2]  # an input that is not contiguous
     torch.testing.assert_close(packed(strided), linear(strided), rtol=1e-5, atol=1e-5)
+    batched = torch.randn(2, 3, 96)  # leading dimensions, as a forward pass has
+    assert packed(batched).shape == (2, 3, 200)
+    torch.testing.assert_close(packed(batched), linear(batched), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -119,25 +127,42 @@ def test_a_float32_layout_computes_what_the_loaded_model_computes(
 
 @needs_mkl
 def test_mkl_is_not_used_where_its_packed_gemm_disagrees_with_f_linear(monkeypatch) -> None:
-    def wrong(rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-        return torch.zeros(rows.shape[0], out_features)
+    def wrong(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(rows.shape[0], self.out_features)
 
-    monkeypatch.setattr(mkl_sgemm, "linear", wrong)
+    monkeypatch.setattr(mkl_sgemm.PackedWeight, "__call__", wrong)
+    monkeypatch.setattr(packed_linear, "cpu_has_amx", lambda: True)
     mkl_sgemm.available.cache_clear()
     try:
         assert not mkl_sgemm.available()
         assert not should_pack_for_mkl(CPU, torch.float32)
+        assert should_transpose(CPU, torch.float32), "the BLAS's layout instead"
     finally:
         mkl_sgemm.available.cache_clear()  # asked again once the real one is back
 
 
 @needs_mkl
-def test_an_mkl_packed_weight_cannot_be_copied_to_another_address() -> None:
+def test_an_mkl_packed_weight_is_never_copied_to_another_address() -> None:
     packed = MklPackedLinear(nn.Linear(8, 8).requires_grad_(False))
     with pytest.raises(TypeError, match="cannot be copied"):
         copy.deepcopy(packed)
+    with pytest.raises(TypeError, match="cannot be copied"):
+        pickle.dumps(packed)
+
+
+@needs_mkl
+def test_mkl_s_packed_gemm_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="float32"):
         mkl_sgemm.pack(torch.zeros(8, 8, dtype=torch.bfloat16))
+    packed = mkl_sgemm.pack(torch.randn(8, 6))
+    for rows in (
+        torch.zeros(2, 6, dtype=torch.bfloat16),  # MKL would read past its end
+        torch.zeros(2, 6, dtype=torch.float64),
+        torch.zeros(2, 5),
+        torch.zeros(6, 2).t(),  # not contiguous
+    ):
+        with pytest.raises(ValueError, match="contiguous float32 CPU rows of 6"):
+            packed(rows)
 
 
 @pytest.mark.parametrize(
