@@ -78,7 +78,7 @@ _CHECKED_SHAPES = ((1536, 576), (576, 1536), (1000, 777))
 @functools.cache
 def available() -> bool:
     """Whether MKL's packed GEMM is carried and computes what `F.linear` does at row counts other
-    than the one it packed for (checked once, a few milliseconds: the independence is measured,
+    than the one it packed for (checked once, about 40 ms at a start: the independence is measured,
     not documented, and another MKL that broke it would be wrong silently)."""
     if not carried():
         return False
