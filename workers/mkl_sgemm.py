@@ -5,11 +5,10 @@ Why: on a CPU with AMX tiles float32 has no tiles (they take bfloat16 and int8),
 `F.linear` re-lays each weight out on every call; at decode batch sizes that is much of a GEMM's
 time. MKL can lay a weight out once for its own kernels and then run every call on it, whatever
 the number of rows (`cblas_sgemm_pack_get_size` answers the same for 1 and 256 rows, and every
-row count comes out as `F.linear`'s within float32 rounding). torch's x86
-builds link MKL in and export its CBLAS functions, so no other library is loaded. Where torch
-was built without MKL, or its packed GEMM disagrees with `F.linear` on a first check (the row
-counts' independence is measured, not documented), `available()` says so and packed_linear.py
-keeps another layout.
+row count comes out as `F.linear`'s within float32 rounding). torch's x86 builds link MKL in and
+export its CBLAS functions, so no other library is loaded. Where torch was built without MKL, or
+its packed GEMM disagrees with `F.linear` on a first check (the row counts' independence is
+measured, not documented), `available()` says so and packed_linear.py keeps another layout.
 
 Two rules of MKL's own: a packed buffer is never moved (its metadata depend on its address:
 a torch tensor's storage does not move, and `PackedWeight` refuses a copy), and packing
