@@ -40,8 +40,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies."""
+def _own_group_dying_with_parent() -> None:
+    """Runs in the child before exec: a process group of its own (as `process_group=0`, which
+    uvloop's loop does not take), and SIGTERM from the kernel when the parent dies."""
+    os.setpgid(0, 0)
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -122,8 +124,7 @@ class LocalWorker:
         self._proc = await asyncio.create_subprocess_exec(
             *self.command(),
             env=worker_environment(os.environ),
-            preexec_fn=_die_with_parent,
-            process_group=0,
+            preexec_fn=_own_group_dying_with_parent,
         )
         try:
             await self._wait_ready(ready_within)

@@ -19,6 +19,7 @@ from common.config import ConfigError
 from common.logs import configure_logging
 from common.worker_settings import DEVICES, DTYPES, SERVE_ENGINE_FLAGS, add_engine_arguments
 from gateway.eager_tasks import start_request_writes_eagerly
+from gateway.event_loop import loop_factory
 from gateway.gc_policy import settle_for_serving
 from gateway.http.server import GatewayRunner
 from gateway.settings import LOG_LEVELS, SCHEDULINGS, TENANTS_STORES, Settings, load_settings
@@ -240,11 +241,13 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
     site = web.TCPSite(runner, settings.host, settings.port)
     await site.start()
     settle_for_serving()  # NOTE: after start-up, so what it built is frozen (gateway/gc_policy.py)
-    start_request_writes_eagerly(asyncio.get_running_loop())  # upstream requests leave at once
+    loop = asyncio.get_running_loop()
+    start_request_writes_eagerly(loop)  # upstream requests leave at once
     if generated_key:
         models = app[CATALOG].models()
         print(_banner(settings, generated_key, models[0].id if models else "…"), flush=True)
-    print(f"sluicegate ready on http://{settings.host}:{settings.port}", flush=True)
+    on = type(loop).__module__.partition(".")[0]  # the loop it runs on: uvloop or asyncio
+    print(f"sluicegate ready on http://{settings.host}:{settings.port} ({on})", flush=True)
     stop = asyncio.Event()
     drain = app[DRAIN]
 
@@ -253,7 +256,6 @@ async def _serve(settings: Settings, generated_key: str | None) -> None:
             drain.hurry()  # a second signal: cancel the live runs now
         stop.set()
 
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
@@ -272,13 +274,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        new_loop = loop_factory(settings.event_loop)
+    except ConfigError as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level)
     key = None
     if not settings.api_key and not settings.tenants:
         key = generate_key()
         settings.api_key = [key]
     try:
-        asyncio.run(_serve(settings, key))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            runner.run(_serve(settings, key))
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 1

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import sys
 
+import pytest
+import uvloop
+
+from common.config import ConfigError
 from gateway.cli.main import build_parser
+from gateway.event_loop import loop_factory
 from gateway.settings import Settings, UpstreamSpec, load_settings
 
 
@@ -67,3 +73,22 @@ def test_an_upstreams_capacity_comes_from_its_flag_or_its_config_table(tmp_path)
         Settings(upstreams={"x": {"url": "http://x/v1", "capacity": -1}}).upstream_specs()
     with pytest.raises(ValueError, match="url and capacity only"):
         Settings(upstreams={"x": {"url": "http://x/v1", "weight": 2}}).upstream_specs()
+
+
+def test_the_event_loop_is_uvloop_unless_set_and_refuses_a_loop_it_does_not_know():
+    assert load_settings(flags([]), {}).event_loop == "uvloop"
+    assert load_settings(flags([]), {"SLUICE_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
+    with pytest.raises(ValueError, match="event_loop must be one of uvloop, asyncio"):
+        load_settings(flags([]), {"SLUICE_EVENT_LOOP": "trio"})
+    for name, kind in (("uvloop", uvloop.Loop), ("asyncio", asyncio.AbstractEventLoop)):
+        loop = loop_factory(name)()
+        try:
+            assert isinstance(loop, kind)
+        finally:
+            loop.close()
+
+
+def test_uvloop_asked_for_but_not_installed_is_a_config_error_naming_the_way_out(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # its import now fails
+    with pytest.raises(ConfigError, match=r'uvloop is not installed.*event_loop = "asyncio"'):
+        loop_factory("uvloop")
