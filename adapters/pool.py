@@ -52,6 +52,9 @@ MIGRATION_WAIT = 30.0  # seconds a run waits for a member able to continue it (a
 # a request every other member of which asked to wait (429/503 retry-after) waits this long at
 # most for the first of them, rather than fail while they are about to take work again
 RETRY_AFTER_WAIT = 5.0
+# a timer may fire a fraction of a millisecond early (uvloop's keep whole milliseconds of the
+# loop's own clock): a wait for a member's rest to end waits this much past it
+TIMER_SLACK = 0.002
 
 
 def member_names(adapters: Sequence[Adapter]) -> list[str]:
@@ -269,7 +272,8 @@ class PoolAdapter(PoolHealth, PoolOneShots):
             run.original.trace.event("sluice.retry", member=failed.name, reason=reason)
         wait = self.budget.backoff(len(tried))
         if resting:  # only members resting on a retry-after are left: the first back takes it
-            wait = max(wait, min(self.members[i].rest_until for i in resting) - self.clock())
+            back = min(self.members[i].rest_until for i in resting)
+            wait = max(wait, back - self.clock() + TIMER_SLACK)
             tried -= resting
         await asyncio.sleep(wait)
         return await self._member_for(run.original, run, tried)

@@ -1,5 +1,6 @@
 """Fixtures shared across the suite."""
 
+import asyncio
 import contextlib
 import os
 import uuid
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import uvloop
 from redis.asyncio import Redis
 
 from tests.support.tiers import mark_tiers
@@ -19,6 +21,19 @@ _STORE_PREFIXES: list[str] = []
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test's tier marks: redis, process, browser (tests/support/tiers.py)."""
     mark_tiers(items)
+
+
+# the event loops `sluice serve` can run on (gateway/event_loop.py), by their setting's names
+EVENT_LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict:
+    """Async tests run on uvloop, the loop `sluice serve` runs on by default; one marked
+    `asyncio(loop_factories=[…])` (tests/support/loops.py) on each loop it names."""
+    marker = item.get_closest_marker("asyncio")
+    if marker is not None and "loop_factories" in marker.kwargs:
+        return EVENT_LOOPS
+    return {"uvloop": EVENT_LOOPS["uvloop"]}
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,9 @@ RETRY_MS = 1000
 RETRY = b"retry: %d\n" % RETRY_MS
 DONE = b"data: [DONE]\n\n"
 _BLOCKED = 0.001  # a write that took longer than this waited on the client
+# a stream's write buffer: past the high mark its writes wait, until it is down to the low mark
+WRITE_HIGH_WATER = 64 * 1024
+WRITE_LOW_WATER = 16 * 1024
 
 
 class Framing(Protocol):
@@ -122,6 +125,11 @@ class SSEWriter:
         self._response = response
         self._framing = framing  # None: OpenAI's `id:`/`data:` frames, written directly
         self._transport = transport
+        if transport is not None:
+            # NOTE: asyncio's own marks, set so that a slow client is told apart the same on
+            # either loop (gateway/event_loop.py): uvloop's writer resumes at 16 bytes, not 16
+            # KiB, so one that waited would have nothing queued after and never be `behind`
+            transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self._ping_interval = ping_interval
         self._write_timeout = write_timeout
         self._last_write = time.monotonic()

@@ -19,6 +19,7 @@ from adapters.retry_budget import RetryBudget
 from gateway.app_keys import RETRY_BUDGET
 from gateway.backends.pool_metrics import PoolCollector, RetryCollector
 from tests.support.gateway import gateway_app
+from tests.support.loops import ON_EITHER_LOOP
 from tests.support.waiting import until
 
 NEVER = BreakerPolicy(consecutive=10**9, min_requests=10**9)  # a breaker that never opens
@@ -273,6 +274,34 @@ async def test_readyz_and_metrics_show_the_breakers_and_the_gateways_retries(aio
     assert 'sluice_retries_total{reason="budget_exhausted"} 0.0' in text
 
 
+async def test_a_wait_for_a_rest_to_end_that_wakes_a_little_early_still_finds_the_member_back(
+    monkeypatch,
+):
+    """uvloop's timers keep whole milliseconds of the loop's clock and may fire a fraction of
+    one early: the request must not find the member still resting by that fraction and fail."""
+    now = [100.0]
+    told = BackendUnavailable("busy", 1.0, status=429, upstream_retry_after=1.0)
+    limited, bad = Flaky("limited", fail=told), Flaky("bad", fail=BackendFailed("HTTP 500"))
+    budget = RetryBudget(0.2, backoff_base=0.0)
+    pool = PoolAdapter([limited, bad], retry_budget=budget, clock=lambda: now[0])
+    pool.router.choose = lambda all_members, usable, request: usable[0]
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def early_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if seconds > 0:
+            limited.fail = None  # its rest ends on time: it takes work again once it is over
+            now[0] += seconds - 0.0009  # the timer fires 0.9 ms before what it was asked
+        await sleep(0)
+
+    monkeypatch.setattr("adapters.pool.asyncio.sleep", early_sleep)
+    assert await run(pool, "r") == "limited"
+    assert limited.tries == 2 and bad.tries == 1
+    assert max(waits) > 1.0  # it waited out the whole rest, and a little past it
+
+
+@ON_EITHER_LOOP  # the rest's end is awaited with a timer: uvloop's may fire a little early
 async def test_a_request_whose_other_members_all_rest_waits_for_the_first_back():
     told = BackendUnavailable("busy", 0.2, status=429, upstream_retry_after=0.2)
     limited, bad = Flaky("limited", fail=told), Flaky("bad", fail=BackendFailed("HTTP 500"))
