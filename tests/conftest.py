@@ -28,12 +28,14 @@ EVENT_LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loo
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict:
-    """Async tests run on uvloop, the loop `sluice serve` runs on by default; one marked
-    `asyncio(loop_factories=[…])` (tests/support/loops.py) on each loop it names."""
+    """Async tests run on uvloop, the loop `sluice serve` runs on by default, or on their
+    module's `EVENT_LOOP`; one marked `asyncio(loop_factories=[…])` on each loop it names
+    (tests/support/loops.py)."""
     marker = item.get_closest_marker("asyncio")
     if marker is not None and "loop_factories" in marker.kwargs:
         return EVENT_LOOPS
-    return {"uvloop": EVENT_LOOPS["uvloop"]}
+    name = getattr(item.module, "EVENT_LOOP", "uvloop")
+    return {name: EVENT_LOOPS[name]}
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.support.loops import WORKERS_LOOP
 from tests.support.waiting import until
 from wire.sampling_params import SamplingParams
 from workers.async_engine import AsyncEngine, DuplicateRequest
 from workers.engine import Engine
 from workers.request import EngineRequest
+
+EVENT_LOOP = WORKERS_LOOP  # the loop these tests run on
 
 
 @pytest.fixture

@@ -11,12 +11,15 @@ import threading
 import pytest
 import torch
 
+from tests.support.loops import WORKERS_LOOP
 from tests.support.waiting import until
 from tests.unit.test_paged_engine import assert_no_leaks, encode, prompts, run, submit, text_of
 from wire.share import Share
 from workers.async_engine import AsyncEngine, EmbeddingFailed
 from workers.embedding import EmbeddingJob, PooledLine
 from workers.engine import Engine
+
+EVENT_LOOP = WORKERS_LOOP  # the loop these tests run on
 
 TEXTS = ["the cat sat on the mat " * 12, "你好 world café 🚀", "x", "数据 straße naïve " * 30]
 

@@ -10,11 +10,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
+from tests.support.loops import WORKERS_LOOP
 from tests.support.metric_names import WORKER_METRICS
 from tests.support.waiting import until
 from workers.app_keys import SERVICE
 from workers.config import WorkerConfig
 from workers.server import create_worker_app
+
+EVENT_LOOP = WORKERS_LOOP  # the loop these tests run on
 
 HI = [{"role": "user", "content": "Hi"}]
 
