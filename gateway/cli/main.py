@@ -271,10 +271,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("cmd", "func")}
     try:
         settings = load_settings(flags)
-    except ConfigError as exc:
-        print(f"sluice serve: {exc}", file=sys.stderr)
-        return 2
-    try:
         new_loop = loop_factory(settings.event_loop)
     except ConfigError as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)

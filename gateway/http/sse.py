@@ -125,7 +125,7 @@ class SSEWriter:
         self._response = response
         self._framing = framing  # None: OpenAI's `id:`/`data:` frames, written directly
         self._transport = transport
-        if transport is not None:
+        if transport is not None and not transport.is_closing():  # (uvloop's refuses it then)
             # NOTE: asyncio's own marks, set so that a slow client is told apart the same on
             # either loop (gateway/event_loop.py): uvloop's writer resumes at 16 bytes, not 16
             # KiB, so one that waited would have nothing queued after and never be `behind`

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import orjson
 import psutil
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.chat_chunks import ChunkRenderer
@@ -280,12 +281,28 @@ class _PausedTransport:
     def set_write_buffer_limits(self, high: int, low: int) -> None:
         assert (low, high) == self.get_write_buffer_limits()  # the writer's marks are these
 
+    def is_closing(self) -> bool:
+        return False
+
 
 class _DrainingForever:
     """A response whose write waits for the paused socket to drain, which never happens."""
 
     async def write(self, body: bytes) -> None:
         await asyncio.Event().wait()
+
+
+@ON_EITHER_LOOP
+async def test_a_writer_sets_its_marks_on_a_live_connection_and_leaves_a_closed_one_alone():
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    async with server:
+        _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        SSEWriter(web.StreamResponse(), ping_interval=0, transport=writer.transport)
+        assert writer.transport.get_write_buffer_limits() == (16 * 1024, 64 * 1024)
+        writer.close()
+        await writer.wait_closed()
+        # a client gone before its stream's writer was made: nothing to set (uvloop refuses)
+        SSEWriter(web.StreamResponse(), ping_interval=0, transport=writer.transport)
 
 
 @ON_EITHER_LOOP
