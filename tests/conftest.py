@@ -1,6 +1,5 @@
 """Fixtures shared across the suite."""
 
-import asyncio
 import contextlib
 import os
 import uuid
@@ -8,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import redis
-import uvloop
 from redis.asyncio import Redis
 
+from gateway.event_loop import EVENT_LOOPS, loop_factory
 from tests.support.tiers import mark_tiers
 
 REDIS_URL = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -23,8 +22,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_tiers(items)
 
 
-# the event loops `sluice serve` can run on (gateway/event_loop.py), by their setting's names
-EVENT_LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+# the event loops `sluice serve` can run on, by their setting's names, made as serve makes them
+LOOPS = {name: loop_factory(name) for name in EVENT_LOOPS}
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict:
@@ -33,9 +32,9 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
     (tests/support/loops.py)."""
     marker = item.get_closest_marker("asyncio")
     if marker is not None and "loop_factories" in marker.kwargs:
-        return EVENT_LOOPS
+        return LOOPS
     name = getattr(item.module, "EVENT_LOOP", "uvloop")
-    return {name: EVENT_LOOPS[name]}
+    return {name: LOOPS[name]}
 
 
 @pytest.fixture(scope="session")
